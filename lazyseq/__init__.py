@@ -1,0 +1,21 @@
+"""lazyseq: lazy, random-access data pipelines for machine learning.
+
+Every function returns a view: an indexable sequence that computes an item only when it is read.
+The API is a superset of seqtools' (``import lazyseq as seqtools`` works).
+"""
+
+from . import instrument
+from .base import View
+from .errors import EvaluationError, seterr
+from .views.caching import add_cache
+from .views.indexing import arange, case, cycle, gather, interleave, repeat, shard, shuffle, switch, take, uniter
+from .views.mapping import smap, starmap
+from .views.shape import Pad, batch, collate, concatenate, split, unbatch
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "EvaluationError", "Pad", "View", "add_cache", "arange", "batch", "case", "collate", "concatenate",
+    "cycle", "gather", "instrument", "interleave", "repeat", "seterr", "shard", "shuffle", "smap",
+    "split", "starmap", "switch", "take", "unbatch", "uniter",
+]

@@ -1,0 +1,80 @@
+"""Errors raised while evaluating items, and the process-wide error setting."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["EvaluationError", "seterr"]
+
+
+class EvaluationError(Exception):
+    """Evaluating an item of a view failed; the original exception is ``__cause__``.
+
+    ``item`` is the index at the view that failed and ``view`` that view's short description.
+
+    >>> import lazyseq
+    >>> v = lazyseq.smap(lambda x: 1 // x, [1, 0])
+    >>> try:
+    ...     v[1]
+    ... except lazyseq.EvaluationError as e:
+    ...     print(e.item, type(e.__cause__).__name__)
+    1 ZeroDivisionError
+    """
+
+    def __init__(self, message: str, item: int | None = None, view: str | None = None):
+        super().__init__(message)
+        self.item, self.view = item, view
+
+    def __reduce__(self):  # keep item and view across pickling (prefetch workers send these back)
+        return (type(self), (self.args[0] if self.args else "", self.item, self.view))
+
+
+# One setting for the whole process: a thread that flips it flips it for every thread, as the
+# user expects of a debugging switch (seqtools keeps it per thread, which surprises workers).
+_passthrough = False
+
+
+def seterr(evaluation: str | None = None) -> str:
+    """Set how errors raised while evaluating items propagate, and return the setting.
+
+    ``'wrap'`` (default) raises :class:`EvaluationError` naming the item and the view, with the
+    original exception as ``__cause__``; ``'passthrough'`` lets the original exception through
+    unchanged, which is handy under a debugger. ``None`` only reads the setting. The setting
+    applies to the whole process.
+
+    >>> import lazyseq
+    >>> lazyseq.seterr()
+    'wrap'
+    >>> lazyseq.seterr('passthrough')
+    'passthrough'
+    >>> lazyseq.seterr('wrap')
+    'wrap'
+    """
+    global _passthrough
+    if evaluation == "wrap":
+        _passthrough = False
+    elif evaluation == "passthrough":
+        _passthrough = True
+    elif evaluation is not None:
+        raise ValueError(f"seterr(evaluation={evaluation!r}): expected 'wrap', 'passthrough' or None")
+    return "passthrough" if _passthrough else "wrap"
+
+
+def passthrough() -> bool:
+    return _passthrough
+
+
+def wrap_error(cause: BaseException, item: int, view: Any) -> BaseException:
+    """The exception to raise for ``cause`` while evaluating ``item`` of ``view``.
+
+    Already-wrapped errors and passthrough mode return ``cause`` itself, so each failure is
+    wrapped exactly once, by the innermost view that saw it.
+    """
+    if _passthrough or isinstance(cause, EvaluationError):
+        return cause
+    desc = view.describe() if hasattr(view, "describe") else type(view).__name__
+    err = EvaluationError(
+        f"failed to evaluate item {item} of {desc}: {type(cause).__name__}: {cause}", item, desc
+    )
+    err.__cause__ = cause
+    return err

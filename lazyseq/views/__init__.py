@@ -1,0 +1,1 @@
+"""Lazy views, one module per family: mapping, indexing, shape, caching."""

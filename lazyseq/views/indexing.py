@@ -1,0 +1,516 @@
+"""Views that choose, reorder or repeat items: gather, arange, cycle, repeat, interleave,
+switch/case, uniter, shuffle, shard."""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+import operator
+import os
+import threading
+from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..base import View, check_source, compose, gather, is_finite, length, read_many, reader, take
+
+__all__ = ["gather", "take", "arange", "cycle", "repeat", "interleave", "switch", "case", "uniter",
+           "shuffle", "shard"]
+
+
+# -- arange ----------------------------------------------------------------------------------------
+class Arange(View):
+    checks_keys = True
+
+    def __init__(self, r: range):
+        self.r = r
+
+    def __len__(self) -> int:
+        return len(self.r)
+
+    def _get(self, i: int) -> int:
+        return self.r[i]
+
+    def _get_many(self, idx: Sequence[int]) -> list:
+        r = self.r
+        return [r[i] for i in idx]
+
+    def _slice(self, r: range) -> View:
+        return Arange(compose(self.r.start, self.r.step, r))
+
+    def describe(self) -> str:
+        r = self.r
+        return f"arange({r.start}, {r.stop}, {r.step})" if r.step != 1 else f"arange({r.start}, {r.stop})"
+
+
+def arange(start: int, stop: int | None = None, step: int | None = None) -> View:
+    """The integers of ``range(start, stop, step)`` as a view.
+
+    Unlike seqtools, negative keys wrap and out-of-range keys raise ``IndexError``, as with
+    ``range``; slices are aranges again.
+
+    >>> import lazyseq
+    >>> a = lazyseq.arange(2, 12, 3)
+    >>> list(a), a[-1], list(a[::-1])
+    ([2, 5, 8, 11], 11, [11, 8, 5, 2])
+    """
+    if stop is None:
+        start, stop = 0, start
+    r = range(operator.index(start), operator.index(stop), 1 if step is None else operator.index(step))
+    return Arange(r)
+
+
+# -- cycle and repeat ------------------------------------------------------------------------------
+class Cycle(View):
+    def __init__(self, seq: Any, limit: int | None):
+        self.src, self._rd = check_source(seq, "cycle"), reader(seq)
+        n = length(seq)
+        if n is None:
+            raise TypeError("cycle: the sequence has no len() (it is infinite?); cycling needs a finite one")
+        self.limit = None if limit is None else operator.index(limit)
+        if self.limit is not None and self.limit < 0:
+            raise ValueError(f"cycle: limit must be >= 0 or None, got {limit}")
+        if n == 0 and self.limit != 0:
+            raise ValueError("cycle: the sequence is empty, so there is nothing to repeat")
+        self.finite = self.limit is not None
+
+    def __len__(self) -> int:
+        return View.__len__(self) if self.limit is None else self.limit
+
+    def _get(self, i: int) -> Any:
+        return self._rd(i % len(self.src))
+
+    def _get_many(self, idx: Sequence[int]) -> list:
+        n = len(self.src)
+        return read_many(self.src, [i % n for i in idx])
+
+    def _set(self, i: int, value: Any) -> None:
+        self.src[i % len(self.src)] = value
+
+    def describe(self) -> str:
+        return "cycle()" if self.limit is None else f"cycle(limit={self.limit})"
+
+
+def cycle(seq: Any, limit: int | None = None) -> View:
+    """``seq`` repeated over and over, for ever or up to ``limit`` items.
+
+    Without a limit the view is infinite: it has no ``len`` and only non-negative keys. Writes go
+    to the underlying item. An empty ``seq`` raises ``ValueError`` at once (seqtools failed later,
+    on the first read).
+
+    >>> import lazyseq
+    >>> loop = lazyseq.cycle(['a', 'b', 'c'])
+    >>> loop[3], loop[3 * 10**9 + 1]
+    ('a', 'b')
+    >>> list(lazyseq.cycle(['a', 'b', 'c'], 7))
+    ['a', 'b', 'c', 'a', 'b', 'c', 'a']
+    >>> list(loop[2:6])
+    ['c', 'a', 'b', 'c']
+    """
+    return Cycle(seq, limit)
+
+
+class Repeat(View):
+    def __init__(self, value: Any, times: int | None):
+        self.value, self.times = value, times
+        self.finite = times is not None
+
+    def __len__(self) -> int:
+        return View.__len__(self) if self.times is None else self.times
+
+    def _get(self, i: int) -> Any:
+        return self.value
+
+    def _get_many(self, idx: Sequence[int]) -> list:
+        return [self.value] * len(idx)
+
+    def _set(self, i: int, value: Any) -> None:
+        self.value = value
+
+    def children(self) -> tuple:
+        return ()
+
+    def describe(self) -> str:
+        v = repr(self.value)
+        v = v if len(v) <= 30 else type(self.value).__name__
+        return f"repeat({v})" if self.times is None else f"repeat({v}, {self.times})"
+
+
+def repeat(value: Any, times: int | None = None) -> View:
+    """``value`` repeated ``times`` times, or for ever when ``times`` is None.
+
+    All items are the same object, so writing any item replaces the value of every item (as in
+    seqtools). Unlike seqtools, ``times`` may be 0 or 1.
+
+    >>> import lazyseq
+    >>> list(lazyseq.repeat(3, 4)), list(lazyseq.repeat('x', 1)), list(lazyseq.repeat('x', 0))
+    ([3, 3, 3, 3], ['x'], [])
+    >>> lazyseq.repeat(7)[10**12]
+    7
+    """
+    if times is not None:
+        if isinstance(times, bool) or not isinstance(times, (int, np.integer)):
+            raise TypeError(f"repeat: times must be an int >= 0 or None, got {type(times).__name__}")
+        times = operator.index(times)
+        if times < 0:
+            raise ValueError(f"repeat: times must be >= 0, got {times}")
+    return Repeat(value, times)
+
+
+# -- interleave ------------------------------------------------------------------------------------
+class Interleave(View):
+    def __init__(self, seqs: Sequence[Any]):
+        self.seqs = tuple(check_source(s, "interleave") for s in seqs)
+        self._rds = tuple(reader(s) for s in self.seqs)
+        lens = [length(s) for s in self.seqs]
+        self.finite = all(n is not None for n in lens)
+        key = [math.inf if n is None else n for n in lens]
+        order = sorted(range(len(seqs)), key=lambda k: key[k])
+        # Round-robin over the sequences not yet exhausted: out_off[g] is the first output index
+        # of round-group g, in_off[g] how far every remaining sequence has been read by then.
+        self._out_off, self._in_off, self._groups = [0], [0], []
+        for pos, k in enumerate(order):
+            self._groups.append(sorted(order[pos:]))
+            if key[k] == math.inf:
+                break
+            self._out_off.append(self._out_off[-1] + (key[k] - self._in_off[-1]) * (len(order) - pos))
+            self._in_off.append(key[k])
+
+    def __len__(self) -> int:
+        return View.__len__(self) if not self.finite else sum(len(s) for s in self.seqs)
+
+    def _where(self, i: int) -> tuple[int, int]:
+        g = bisect.bisect_right(self._out_off, i) - 1
+        group = self._groups[g]
+        i -= self._out_off[g]
+        return group[i % len(group)], self._in_off[g] + i // len(group)
+
+    def _get(self, i: int) -> Any:
+        k, j = self._where(i)
+        return self._rds[k](j)
+
+    def _set(self, i: int, value: Any) -> None:
+        k, j = self._where(i)
+        self.seqs[k][j] = value
+
+    def children(self) -> tuple:
+        return self.seqs
+
+    def describe(self) -> str:
+        return f"interleave({len(self.seqs)} sequences)"
+
+
+def interleave(*seqs: Any) -> View:
+    """Items taken from each sequence in turn; when one runs out, the others go on.
+
+    >>> import lazyseq
+    >>> list(lazyseq.interleave([1, 2, 3, 4, 5], ['a', 'b', 'c'], [.1, .2, .3, .4]))
+    [1, 'a', 0.1, 2, 'b', 0.2, 3, 'c', 0.3, 4, 0.4, 5]
+    """
+    if not seqs:
+        raise ValueError("interleave: give at least one sequence")
+    return Interleave(seqs)
+
+
+# -- switch and case -------------------------------------------------------------------------------
+class Case(View):
+    def __init__(self, selector: Any, values: Sequence[Any], switch: bool = False):
+        self.src = check_source(selector, "case")
+        self.values = tuple(check_source(v, "case") for v in values)
+        if not self.values:
+            raise ValueError("case: give at least one sequence of values")
+        self._sel, self._rds, self._switch = reader(selector), tuple(reader(v) for v in values), switch
+        n = length(selector)
+        for k, v in enumerate(self.values):
+            m = length(v)
+            if m != n and not (m is None and n is not None):
+                raise ValueError(f"{'switch' if switch else 'case'}: all sequences must have the same "
+                                 f"length; the selector has {n}, values[{k}] has {m}")
+        self.finite = n is not None
+
+    def __len__(self) -> int:
+        return len(self.src) if self.finite else View.__len__(self)
+
+    def _pick(self, i: int) -> int:
+        s = self._sel(i)
+        if self._switch:  # switch(condition, x, y) holds values (y, x)
+            return 1 if s else 0
+        k = operator.index(s)
+        if not 0 <= k < len(self.values):
+            raise ValueError(f"case: selector[{i}] is {k}, expected an int in [0, {len(self.values)})")
+        return k
+
+    def _get(self, i: int) -> Any:
+        return self._rds[self._pick(i)](i)
+
+    def _set(self, i: int, value: Any) -> None:
+        self.values[self._pick(i)][i] = value
+
+    def children(self) -> tuple:
+        return (self.src, *self.values)
+
+    def describe(self) -> str:
+        return "switch(condition, x, y)" if self._switch else f"case({len(self.values)} choices)"
+
+
+def switch(condition: Any, x: Any, y: Any) -> View:
+    """``x[i] if condition[i] else y[i]`` for every ``i``.
+
+    >>> import lazyseq
+    >>> list(lazyseq.switch([True, False, True], 'abc', 'ABC'))
+    ['a', 'B', 'c']
+    """
+    return Case(condition, (y, x), switch=True)
+
+
+def case(selector: Any, *values: Any) -> View:
+    """``values[selector[i]][i]`` for every ``i``: pick each item from the sequence the selector names.
+
+    >>> import lazyseq
+    >>> list(lazyseq.case([0, 2, 1, 0], 'abcd', 'ABCD', '0123'))
+    ['a', '1', 'C', 'd']
+    """
+    return Case(selector, values)
+
+
+# -- uniter ----------------------------------------------------------------------------------------
+class _Cursor:
+    __slots__ = ("cache", "it", "next")
+
+    def __init__(self, it, cache_size: int):
+        self.it, self.next, self.cache = it, 0, deque(maxlen=max(cache_size, 1))
+
+
+class Uniter(View):
+    def __init__(self, iterable: Iterable, cache_size: int, n_parallel: int, size: int | None):
+        if not hasattr(iterable, "__iter__"):
+            raise TypeError(f"uniter: expected an iterable, got {type(iterable).__name__}")
+        if n_parallel < 1:
+            raise ValueError(f"uniter: n_parallel must be >= 1, got {n_parallel}")
+        self.iterable, self.cache_size, self.n_parallel = iterable, cache_size, n_parallel
+        self.size = None if size is None else operator.index(size)
+        self.one_shot = iter(iterable) is iterable
+        if self.one_shot and n_parallel > 1:
+            raise ValueError("uniter: n_parallel > 1 needs an iterable that can be iterated again "
+                             "(a list, a range, a class with __iter__), not an iterator or generator")
+        self.finite = self.size is not None
+        self._setup()
+
+    def _setup(self) -> None:
+        self._lock, self._cursors, self._started = threading.Lock(), [], False
+
+    def __getstate__(self) -> dict:
+        if self.one_shot:
+            raise TypeError("uniter over an iterator or generator cannot be pickled (its position "
+                            "would be lost); give uniter a re-iterable object")
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_cursors", "_started")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._setup()
+
+    def __len__(self) -> int:
+        return self.size if self.size is not None else View.__len__(self)
+
+    def _get(self, i: int) -> Any:
+        with self._lock:
+            for c in self._cursors:
+                if c.next - len(c.cache) <= i < c.next:
+                    return c.cache[i - c.next]
+            behind = [c for c in self._cursors if c.next <= i]
+            if behind:
+                c = max(behind, key=lambda c: c.next)
+                self._cursors.remove(c)
+            else:
+                if self.one_shot and self._started:
+                    raise ValueError(
+                        f"uniter: item {i} is behind the iterator, which cannot be restarted (it is "
+                        "a one-shot iterator); pass a re-iterable object or a larger cache_size")
+                if len(self._cursors) >= self.n_parallel:
+                    self._cursors.pop(0)  # the least recently used
+                c, self._started = _Cursor(iter(self.iterable), self.cache_size), True
+            self._cursors.append(c)
+            try:
+                while c.next <= i:
+                    c.cache.append(next(c.it))
+                    c.next += 1
+            except StopIteration:
+                raise IndexError(f"index {i} is past the end of uniter: the iterable ended after "
+                                 f"{c.next} items" + (f" (size={self.size} was given)" if self.size else "")) from None
+            return c.cache[-1]
+
+    def children(self) -> tuple:
+        return ()
+
+    def describe(self) -> str:
+        return f"uniter({type(self.iterable).__name__}, cache_size={self.cache_size})"
+
+
+def uniter(iterable: Iterable, cache_size: int = 0, n_parallel: int = 1, size: int | None = None) -> View:
+    """Random access to an iterable, by stepping (and restarting) iterators over it.
+
+    ``n_parallel`` iterators are kept, so that one of them is usually just behind the requested
+    item; each remembers its last ``cache_size`` items. Without ``size`` the view has no ``len``
+    and reading past the end raises ``IndexError`` (seqtools leaked ``StopIteration``). A one-shot
+    iterator (a generator) works for forward reads only.
+
+    >>> import lazyseq
+    >>> a = lazyseq.uniter(range(5000), cache_size=10, n_parallel=5, size=5000)
+    >>> a[10], a[1], a[-1]
+    (10, 1, 4999)
+    >>> list(lazyseq.uniter(x * x for x in range(4)))
+    [0, 1, 4, 9]
+    """
+    return Uniter(iterable, cache_size, n_parallel, size)
+
+
+# -- shuffle ---------------------------------------------------------------------------------------
+_M64 = (1 << 64) - 1
+_C1, _C2 = 0x9E3779B1, 0xBF58476D1CE4E5B9
+
+
+def _mix(v, key):
+    """The Feistel round function; identical on Python ints and numpy uint64 arrays."""
+    h = (v * _C1 + key) & _M64
+    h ^= h >> 32
+    h = (h * _C2) & _M64
+    return h ^ (h >> 29)
+
+
+class Shuffle(View):
+    ROUNDS = 4
+
+    def __init__(self, seq: Any, seed: int | None, epoch: int):
+        self.src, self._rd = check_source(seq, "shuffle"), reader(seq)
+        if length(seq) is None:
+            raise TypeError("shuffle: the sequence has no len(); only finite sequences can be shuffled")
+        self.seed = int.from_bytes(os.urandom(8), "little") if seed is None else operator.index(seed)
+        self.epoch = operator.index(epoch)
+        self._setup(len(seq))
+
+    def _setup(self, n: int) -> None:
+        # A bijection of [0, 2**bits) from an unbalanced Feistel network; cycle-walking (applying
+        # it again while the result is >= n) makes it a bijection of [0, n) with O(1) state.
+        self._n, bits = n, max(2, (n - 1).bit_length())
+        digest = hashlib.blake2b(f"lazyseq.shuffle:{self.seed}:{self.epoch}".encode(), digest_size=4 * self.ROUNDS).digest()
+        keys = [int.from_bytes(digest[4 * r : 4 * r + 4], "little") for r in range(self.ROUNDS)]
+        hi = bits // 2
+        self._rounds = []
+        for key in keys:
+            lo = bits - hi
+            self._rounds.append((lo, (1 << lo) - 1, hi, (1 << hi) - 1, key))
+            hi = lo
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def __len__(self) -> int:
+        n = len(self.src)
+        if n != self._n:  # the source grew or shrank: the permutation follows its length
+            self._setup(n)
+        return n
+
+    def _permute(self, x: int) -> int:
+        n = self._n
+        while True:
+            for lo, lo_mask, hi, hi_mask, key in self._rounds:
+                x = ((x & lo_mask) << hi) | ((x >> lo) ^ (_mix(x & lo_mask, key) & hi_mask))
+            if x < n:
+                return x
+
+    def _permute_many(self, idx: Sequence[int]) -> list[int]:
+        if len(idx) < 32:
+            return [self._permute(i) for i in idx]
+        x = np.asarray(idx, dtype=np.uint64)
+        todo = np.arange(len(x))
+        n = np.uint64(self._n)
+        with np.errstate(over="ignore"):
+            while len(todo):
+                y = x[todo]
+                for lo, lo_mask, hi, hi_mask, key in self._rounds:
+                    low = y & np.uint64(lo_mask)
+                    y = (low << np.uint64(hi)) | ((y >> np.uint64(lo)) ^ (_mix(low, np.uint64(key)) & np.uint64(hi_mask)))
+                x[todo] = y
+                todo = todo[y >= n]
+        return x.tolist()
+
+    def _get(self, i: int) -> Any:
+        return self._rd(self._permute(i))
+
+    def _get_many(self, idx: Sequence[int]) -> list:
+        return read_many(self.src, self._permute_many(idx))
+
+    def _set(self, i: int, value: Any) -> None:
+        self.src[self._permute(i)] = value
+
+    def order(self) -> list[int]:
+        """The source index of every item: ``[source index of item 0, of item 1, ...]``."""
+        return self._permute_many(range(len(self)))
+
+    def describe(self) -> str:
+        return f"shuffle(seed={self.seed}, epoch={self.epoch})"
+
+
+def shuffle(seq: Any, seed: int | None, epoch: int = 0) -> View:
+    """A random permutation of ``seq``, fixed by ``(seed, epoch)``; each epoch gets another order.
+
+    Building it is O(1): item ``i`` is ``seq[p(i)]`` where ``p`` is a keyed bijection (a Feistel
+    network with cycle-walking), computed per read, so no permutation table is ever stored.
+    ``seed=None`` draws a seed once (kept in ``.seed``, so copies sent to workers agree).
+
+    >>> import lazyseq
+    >>> s = lazyseq.shuffle(range(10), seed=42)
+    >>> sorted(s) == list(range(10)), list(s) == list(lazyseq.shuffle(range(10), seed=42))
+    (True, True)
+    >>> list(s) != list(lazyseq.shuffle(range(10), seed=42, epoch=1))
+    True
+    """
+    return Shuffle(seq, seed, epoch)
+
+
+# -- shard -----------------------------------------------------------------------------------------
+class Shard(View):
+    def __init__(self, seq: Any, index: int, count: int, drop_remainder: bool):
+        self.src, self._rd = check_source(seq, "shard"), reader(seq)
+        self.index, self.count, self.drop_remainder = operator.index(index), operator.index(count), drop_remainder
+        if self.count < 1 or not 0 <= self.index < self.count:
+            raise ValueError(f"shard: need 0 <= index < count, got index={index}, count={count}")
+        self.finite = is_finite(seq)
+
+    def __len__(self) -> int:
+        if not self.finite:
+            return View.__len__(self)
+        n = len(self.src)
+        return n // self.count if self.drop_remainder else len(range(self.index, n, self.count))
+
+    def _get(self, i: int) -> Any:
+        return self._rd(self.index + i * self.count)
+
+    def _get_many(self, idx: Sequence[int]) -> list:
+        a, c = self.index, self.count
+        return read_many(self.src, [a + i * c for i in idx])
+
+    def _set(self, i: int, value: Any) -> None:
+        self.src[self.index + i * self.count] = value
+
+    def describe(self) -> str:
+        return f"shard({self.index} of {self.count}{', drop_remainder' if self.drop_remainder else ''})"
+
+
+def shard(seq: Any, index: int, count: int, drop_remainder: bool = False) -> View:
+    """The ``index``-th of ``count`` disjoint parts of ``seq``: items ``index, index + count, ...``.
+
+    Together the parts cover ``seq``; their lengths differ by at most one. With
+    ``drop_remainder=True`` every part has exactly ``len(seq) // count`` items, so data-parallel
+    ranks take the same number of steps (the last ``len(seq) % count`` items are left out).
+
+    >>> import lazyseq
+    >>> [list(lazyseq.shard(range(10), r, 3)) for r in range(3)]
+    [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+    >>> [list(lazyseq.shard(range(10), r, 3, drop_remainder=True)) for r in range(3)]
+    [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+    """
+    return Shard(seq, index, count, drop_remainder)

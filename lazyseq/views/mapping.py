@@ -1,0 +1,102 @@
+"""Views that apply a function to every item: smap, starmap."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..base import View, check_source, checks_keys, fname, is_finite, length, read_many, reader
+from ..errors import wrap_error
+
+__all__ = ["smap", "starmap"]
+
+
+class Map(View):
+    def __init__(self, f: Callable, *seqs: Any, star: bool = False):
+        if not callable(f):
+            raise TypeError(f"smap: f must be callable, got {type(f).__name__}")
+        if not seqs:
+            raise ValueError("smap: give at least one sequence to map over")
+        self.f, self.seqs, self.star = f, tuple(check_source(s, "smap") for s in seqs), star
+        self.src = seqs[0] if len(seqs) == 1 else None
+        self._rds = tuple(reader(s) for s in self.seqs)
+        self._rd = self._rds[0] if len(seqs) == 1 and not star else None
+        self._srcview = isinstance(self.src, View)
+        self.checks_keys = self.src is not None and checks_keys(self.src)
+        self.finite = any(is_finite(s) for s in seqs)
+
+    def __len__(self) -> int:
+        if not self.finite:
+            return View.__len__(self)
+        if self.src is not None:
+            return len(self.src)
+        return min(n for n in map(length, self.seqs) if n is not None)  # zip semantics
+
+    def _get(self, i: int) -> Any:
+        rd = self._rd
+        if rd is not None:
+            x = rd(i)
+            try:
+                return self.f(x)
+            except Exception as e:
+                raise wrap_error(e, i, self)  # noqa: B904
+        args = [r(i) for r in self._rds]
+        try:
+            return self.f(*args[0]) if self.star else self.f(*args)
+        except Exception as e:
+            raise wrap_error(e, i, self)  # noqa: B904
+
+    def _get_many(self, idx: Sequence[int]) -> list:
+        f, out = self.f, []
+        add = out.append
+        if self.src is not None:
+            xs = self.src._get_many(idx) if self._srcview else list(map(self._rd or self._rds[0], idx))
+            try:
+                if self.star:
+                    for x in xs:
+                        add(f(*x))
+                else:
+                    for x in xs:
+                        add(f(x))
+            except Exception as e:
+                raise wrap_error(e, idx[len(out)], self)  # noqa: B904
+            return out
+        cols = [read_many(s, idx) for s in self.seqs]
+        try:
+            for args in zip(*cols):
+                add(f(*args))
+        except Exception as e:
+            raise wrap_error(e, idx[len(out)], self)  # noqa: B904
+        return out
+
+    def children(self) -> tuple:
+        return self.seqs
+
+    def describe(self) -> str:
+        return f"{'starmap' if self.star else 'smap'}({fname(self.f)})"
+
+
+def smap(f: Callable, *seqs: Any) -> View:
+    """Map ``f`` over the items of one or more sequences, lazily: ``[f(*x) for x in zip(*seqs)]``.
+
+    Items are computed each time they are read (add :func:`add_cache` to keep them). With several
+    sequences the length is the shortest one's, as with ``zip``.
+
+    >>> import lazyseq
+    >>> m = lazyseq.smap(lambda x: x + 2, [1, 2, 3, 4])
+    >>> m[0], m[-1], list(m)
+    (3, 6, [3, 4, 5, 6])
+    >>> list(lazyseq.smap(max, [1, 5, 3], [4, 2, 6]))
+    [4, 5, 6]
+    """
+    return Map(f, *seqs)
+
+
+def starmap(f: Callable, seq: Any) -> View:
+    """Map ``f`` over a sequence of argument tuples: ``[f(*args) for args in seq]``, lazily.
+
+    >>> import lazyseq
+    >>> list(lazyseq.starmap(pow, [(2, 3), (3, 2)]))
+    [8, 9]
+    """
+    return Map(f, seq, star=True)
