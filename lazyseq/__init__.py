@@ -6,7 +6,8 @@ The API is a superset of seqtools' (``import lazyseq as seqtools`` works).
 
 from . import instrument
 from .base import View
-from .errors import EvaluationError, seterr
+from .errors import EvaluationError, PrefetchTimeout, WorkerCrashed, WorkerStartError, seterr
+from .prefetch import empty, empty_like, prefetch
 from .views.caching import add_cache
 from .views.indexing import arange, case, cycle, gather, interleave, repeat, shard, shuffle, switch, take, uniter
 from .views.mapping import smap, starmap
@@ -15,7 +16,8 @@ from .views.shape import Pad, batch, collate, concatenate, split, unbatch
 __version__ = "0.1.0"
 
 __all__ = [
-    "EvaluationError", "Pad", "View", "add_cache", "arange", "batch", "case", "collate", "concatenate",
+    "EvaluationError", "Pad", "PrefetchTimeout", "View", "WorkerCrashed", "WorkerStartError", "empty", "empty_like",
+    "prefetch", "add_cache", "arange", "batch", "case", "collate", "concatenate",
     "cycle", "gather", "instrument", "interleave", "repeat", "seterr", "shard", "shuffle", "smap",
     "split", "starmap", "switch", "take", "unbatch", "uniter",
 ]

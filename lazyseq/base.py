@@ -15,9 +15,17 @@ from typing import Any
 
 import numpy as np
 
-from .errors import EvaluationError, wrap_error
+from .errors import EvaluationError, NotWrapped, wrap_error
 
-__all__ = ["View", "Slice", "Gather", "gather", "take", "reader", "read_many", "length"]
+__all__ = ["View", "Slice", "Gather", "Exhausted", "gather", "take", "reader", "read_many", "length"]
+
+
+class Exhausted(IndexError):
+    """The end of a sequence of unknown size (a ``uniter``, a source without ``len``) was reached.
+
+    Iterating a view without ``len`` stops on this error only: any other ``IndexError`` met while
+    reading an item is a bug in the pipeline (a bad gather index...) and is raised.
+    """
 
 
 class View(Sequence):
@@ -74,7 +82,7 @@ class View(Sequence):
             raise IndexError(f"negative index {key} on {self.describe()}, which has no len(): index from the start")
         try:
             return self._get(key)
-        except IndexError:
+        except (IndexError, NotWrapped):
             raise
         except EvaluationError as e:
             _note(e, key, self)
@@ -92,7 +100,7 @@ class View(Sequence):
                 for i in itertools.count():
                     try:
                         item = get(i)
-                    except IndexError:  # a view of unknown size (uniter) ran out
+                    except Exhausted:  # a view of unknown size (uniter) ran out
                         return
                     yield item
         except EvaluationError as e:
@@ -100,6 +108,15 @@ class View(Sequence):
             raise
         except Exception as e:
             raise wrap_error(e, i, self)  # noqa: B904
+
+    def index(self, value: Any, start: int = 0, stop: int | None = None) -> int:
+        # Sequence.index stops at the first IndexError, which would hide an inner one (a bad gather
+        # index) as "not found"; a slice's iteration raises it.
+        first = range(self.__len__())[start:stop].start if self.finite else start
+        for i, v in enumerate(self[start:stop]):
+            if v is value or v == value:
+                return first + i
+        raise ValueError(f"{value!r} is not in {self.describe()}")
 
     def __bool__(self) -> bool:
         return not self.finite or self.__len__() > 0
@@ -163,6 +180,8 @@ class View(Sequence):
     def _set_many(self, key, values) -> None:
         if isinstance(key, slice):
             targets = range(self.__len__())[key] if self.finite else _infinite_range(self, key)
+            if targets is None:
+                raise ValueError(f"{self.describe()} has no len(): cannot assign to an open-ended slice, give a stop")
         else:
             targets = self._index_array(key)
         if not hasattr(values, "__len__") or isinstance(values, (str, bytes)):
@@ -244,14 +263,36 @@ def check_source(src: Any, where: str) -> Any:
 
 def reader(src: Any) -> Callable[[int], Any]:
     """The fastest single-item read of ``src`` for a valid non-negative int index."""
-    return src._get if isinstance(src, View) else src.__getitem__
+    if isinstance(src, View):
+        return src._get
+    return src.__getitem__ if hasattr(src, "__len__") else _UnsizedReader(src)
+
+
+class _UnsizedReader:
+    """Reads a source without len (old iteration protocol): its IndexError marks the end."""
+
+    __slots__ = ("src",)
+
+    def __init__(self, src: Any):
+        self.src = src
+
+    def __call__(self, i: int) -> Any:
+        try:
+            return self.src[i]
+        except Exhausted:
+            raise
+        except IndexError as e:
+            raise Exhausted(*e.args) from None
+
+    def __reduce__(self):
+        return (_UnsizedReader, (self.src,))
 
 
 def read_many(src: Any, idx: Sequence[int]) -> list:
     """Read valid indices ``idx`` of ``src`` in one call."""
     if isinstance(src, View):
         return src._get_many(idx)
-    return list(map(src.__getitem__, idx))
+    return list(map(src.__getitem__ if hasattr(src, "__len__") else _UnsizedReader(src), idx))
 
 
 def length(src: Any) -> int | None:

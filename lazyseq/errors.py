@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EvaluationError", "seterr"]
+__all__ = ["EvaluationError", "PrefetchTimeout", "WorkerCrashed", "WorkerStartError", "seterr"]
 
 
 class EvaluationError(Exception):
@@ -27,6 +27,41 @@ class EvaluationError(Exception):
 
     def __reduce__(self):  # keep item and view across pickling (prefetch workers send these back)
         return (type(self), (self.args[0] if self.args else "", self.item, self.view))
+
+
+class NotWrapped:
+    """Mixin: errors about the machinery itself (not an item), never wrapped in EvaluationError."""
+
+
+class WorkerCrashed(NotWrapped, RuntimeError):
+    """A prefetch worker process died (a segfault, ``os._exit``, SIGKILL, the OOM killer).
+
+    ``pid`` is the worker's process id, ``exitcode`` its exit status (negative: the signal that
+    killed it, as in ``multiprocessing``). The prefetch that owned it is closed.
+    """
+
+    def __init__(self, message: str, pid: int | None = None, exitcode: int | None = None):
+        super().__init__(message)
+        self.pid, self.exitcode = pid, exitcode
+
+    def __reduce__(self):
+        return (type(self), (self.args[0] if self.args else "", self.pid, self.exitcode))
+
+
+class WorkerStartError(NotWrapped, RuntimeError):
+    """A prefetch worker failed to start (its ``start_hook`` raised, or the pipeline could not be
+    rebuilt in it); the original exception is ``__cause__``. The prefetch is closed."""
+
+
+class PrefetchTimeout(NotWrapped, TimeoutError):
+    """An item did not arrive within the prefetch's ``timeout``; ``item`` is its index."""
+
+    def __init__(self, message: str, item: int | None = None):
+        super().__init__(message)
+        self.item = item
+
+    def __reduce__(self):
+        return (type(self), (self.args[0] if self.args else "", self.item))
 
 
 # One setting for the whole process: a thread that flips it flips it for every thread, as the
@@ -70,7 +105,7 @@ def wrap_error(cause: BaseException, item: int, view: Any) -> BaseException:
     Already-wrapped errors and passthrough mode return ``cause`` itself, so each failure is
     wrapped exactly once, by the innermost view that saw it.
     """
-    if _passthrough or isinstance(cause, EvaluationError):
+    if _passthrough or isinstance(cause, (EvaluationError, NotWrapped)):
         return cause
     desc = view.describe() if hasattr(view, "describe") else type(view).__name__
     err = EvaluationError(

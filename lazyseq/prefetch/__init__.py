@@ -1,0 +1,411 @@
+"""prefetch: the ordered window of work ahead of the reader, over thread or process workers."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from ..base import View, check_source, is_finite, length
+from ..errors import EvaluationError, PrefetchTimeout, passthrough, wrap_error
+from . import wire
+from .processes import _PARENT_FDS, ProcessBackend
+from .slots import SlotPool, empty, empty_like
+from .threads import ThreadBackend
+
+__all__ = ["prefetch", "Prefetch", "empty", "empty_like"]
+
+_CHUNK_MAX = 1024
+_CHUNK_SECONDS = 0.004  # a chunk worth about this much work keeps the reader fed without stalls
+
+
+class _Machinery:
+    """What must be stopped when the prefetch goes away (held by its finalizer, not by it)."""
+
+    def __init__(self) -> None:
+        self.backend: Any = None
+        self.pool: SlotPool | None = None
+        self.owner = os.getpid()
+
+    def stop(self) -> None:
+        if os.getpid() != self.owner:  # a forked copy of the reader's objects: not ours to stop
+            return
+        backend, self.backend = self.backend, None
+        if backend is not None:
+            backend.close()
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            _PARENT_FDS.discard(pool.fd)
+            pool.close_fd()
+
+
+class Prefetch(View):
+    def __init__(self, seq: Any, nworkers: int, method: str, max_buffered: int, start_hook: Callable | None,
+                 shm_size: int, mp_context: Any, timeout: float | None, lazy_start: bool):
+        self.src = check_source(seq, "prefetch")
+        if method not in ("thread", "process"):
+            raise ValueError(f"prefetch: method must be 'thread' or 'process', got {method!r}")
+        if max_buffered < 1:
+            raise ValueError(f"prefetch: max_buffered must be >= 1, got {max_buffered}")
+        if shm_size < 0:
+            raise ValueError(f"prefetch: shm_size must be >= 0, got {shm_size}")
+        if shm_size and method != "process":
+            raise ValueError("prefetch: shm_size only applies to method='process' (threads share memory already)")
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"prefetch: timeout must be > 0 seconds or None, got {timeout}")
+        if isinstance(mp_context, str) or mp_context is None:
+            mp_context = multiprocessing.get_context(mp_context)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.nworkers = max(1, cores + nworkers) if nworkers <= 0 else nworkers
+        self.method, self.max_buffered, self.start_hook = method, max_buffered, start_hook
+        self.shm_size, self.mp_context, self.timeout = shm_size, mp_context, timeout
+        self.finite = is_finite(seq)
+        self._setup()
+        if not lazy_start:
+            self._start()
+
+    # -- life cycle ------------------------------------------------------------------------------
+    def _setup(self) -> None:
+        self._lock = threading.RLock()
+        self._m = _Machinery()
+        self._finalizer = weakref.finalize(self, self._m.stop)
+        self._error: BaseException | None = None
+        self._jobs: dict[int, tuple[range, int | None, int]] = {}  # id -> (indices, slot, generation)
+        self._ready: dict[int, Any] = {}
+        self._next_job, self._gen = 0, 0
+        self._pos, self._stride, self._front, self._delta = 0, 1, 0, 0
+        self._last: tuple[int, Any] | None = None
+        self._chunk, self._item_seconds, self._item_bytes, self._ramp = 1, 0.0, 0, self.max_buffered
+        self._warned: set[str] = set()
+        self._stats = dict(items=0, jobs=0, chunk=1, bytes_shm=0, bytes_pipe=0, fallbacks=0, waits=0,
+                           wait_seconds=0.0, jumps=0)
+
+    def _start(self) -> None:
+        m = self._m
+        if m.backend is not None:
+            return
+        try:
+            if self.method == "thread":
+                m.backend = ThreadBackend(self.src, self.nworkers, self.start_hook)
+            else:
+                m.pool = SlotPool(self.shm_size, self.max_buffered)
+                _PARENT_FDS.add(m.pool.fd)
+                m.backend = ProcessBackend(self.src, self.nworkers, self.start_hook, self.mp_context, m.pool)
+                _PARENT_FDS.discard(m.pool.fd)
+                m.pool.close_fd()  # every worker holds its own descriptor or mapping now
+        except BaseException:
+            m.stop()
+            raise
+
+    def close(self) -> None:
+        """Stop the workers and release the shared memory; items already read stay valid."""
+        with self._lock:
+            self._ready.clear()
+            self._jobs.clear()
+            self._last = None
+            self._finalizer()
+            if self._error is None:
+                self._error = RuntimeError("prefetch: this prefetch is closed")
+
+    def __enter__(self) -> Prefetch:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict:
+        keep = ("src", "nworkers", "method", "max_buffered", "start_hook", "shm_size", "timeout", "finite")
+        state = {k: self.__dict__[k] for k in keep}
+        state["mp_context"] = self.mp_context.get_start_method()
+        return state
+
+    def __setstate__(self, state: dict) -> None:  # a copy (e.g. nested in a worker) starts on first read
+        self.__dict__.update(state)
+        self.mp_context = multiprocessing.get_context(state["mp_context"])
+        self._setup()
+
+    # -- reads -----------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.src) if self.finite else View.__len__(self)
+
+    def _get(self, i: int) -> Any:
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            last = self._last
+            if last is not None and last[0] == i:  # the same item again: the window stays
+                return self._deliver(i, last[1])
+            try:
+                if self._m.backend is None:
+                    self._start()
+                if i != self._pos:
+                    self._jump(i)
+                else:
+                    self._ramp = min(self.max_buffered, self._ramp * 2)
+                self._schedule()
+                value = self._wait(i)
+            except (IndexError, PrefetchTimeout):
+                raise  # about this item only: the prefetch goes on
+            except BaseException as e:  # a crash, a failed start, Ctrl-C: stop every worker now
+                self.close()
+                self._error = RuntimeError("prefetch: stopped by KeyboardInterrupt; create a new one") \
+                    if isinstance(e, KeyboardInterrupt) else e
+                raise
+            self._last = None  # drop the previous item before holding this one
+            self._last = (i, value)
+            self._pos = i + self._stride
+            self._schedule()
+            return self._deliver(i, value)
+
+    def _deliver(self, i: int, value: Any) -> Any:
+        if type(value) is not wire.ItemError:
+            return value
+        err = value.rebuild()
+        if passthrough():
+            raise (err.__cause__ if isinstance(err, EvaluationError) and err.__cause__ is not None
+                   and not isinstance(err.__cause__, wire.RemoteTraceback) else err)
+        if isinstance(err, EvaluationError):
+            if err.item != i or err.view != self.describe():
+                err.add_note(f"while reading item {i} of {self.describe()}")
+            raise err
+        raise wrap_error(err, i, self)
+
+    def _in_window(self, j: int) -> bool:
+        d = j - self._pos
+        return d % self._stride == 0 and 0 <= d // self._stride < self._horizon()
+
+    def _horizon(self) -> int:
+        return self.max_buffered * self._chunk
+
+    def _jump(self, i: int) -> None:
+        self._stats["jumps"] += 1
+        last = self._last
+        delta = i - last[0] if last is not None else 0
+        if delta != 0 and delta == self._delta and abs(delta) <= 64:
+            self._stride = delta  # the same step twice: the reader walks with this stride
+        self._delta = delta
+        self._pos, self._gen, s = i, self._gen + 1, self._stride
+        end = i + self._horizon() * s  # what the old window would have reached
+        def inside(j: int) -> bool:
+            return (j - i) % s == 0 and (i <= j < end if s > 0 else end < j <= i)
+        for j in [j for j in self._ready if not inside(j)]:
+            del self._ready[j]
+        kept = [range(j, j + s, s) for j in self._ready]
+        stale = set()
+        for job_id, (r, _slot, _gen) in self._jobs.items():
+            aligned = len(r) and r.step == s and (r[0] - i) % s == 0
+            if aligned and (r[-1] >= i and r[0] < end if s > 0 else r[-1] <= i and r[0] > end):
+                kept.append(r)
+            elif i in r:
+                kept.append(range(i, i + s, s))
+            else:
+                stale.add(job_id)
+        self._cancel(stale)
+        # Random reads should not start a full window each: start small, ramp up as reads go on.
+        self._ramp, self._chunk = 1, 1
+        # Resume after the furthest item kept; the holes before it get jobs of their own.
+        self._front = i
+        for r in sorted(kept, key=lambda r: (r[0] - i) // s):
+            first = r[0] if inside(r[0]) else i
+            if (first - self._front) // s > 0:
+                self._submit(range(self._front, first, s), self._slot())
+            self._front = max(self._front, r[-1] + s, key=lambda j: (j - i) // s)
+
+    def _cancel(self, job_ids: set[int]) -> None:
+        if not job_ids:
+            return
+        backend = self._m.backend
+        if isinstance(backend, ThreadBackend):
+            for job_id in backend.cancel(job_ids):
+                del self._jobs[job_id]
+        else:
+            for job_id in job_ids:
+                self._m.pool.cancel(job_id)
+
+    def _slot(self) -> int | None:
+        return self._m.pool.acquire() if self._m.pool is not None and self._m.pool.nslots else None
+
+    def _bound(self) -> range | None:
+        """The indices still to schedule from the front, in stride order (None: unbounded)."""
+        n = length(self.src)
+        s = self._stride
+        if s > 0:
+            return range(self._front, n, s) if n is not None else None
+        return range(self._front, -1, s)
+
+    def _schedule(self) -> None:
+        pool = self._m.pool
+        shm = pool is not None and pool.nslots > 0
+        while len(self._jobs) < self._ramp:
+            if (self._front - self._pos) // self._stride >= self._horizon():
+                return
+            rest = self._bound()
+            count = self._chunk if rest is None else min(self._chunk, len(rest))
+            if count <= 0:
+                return
+            slot = None
+            if shm:
+                slot = pool.acquire()
+                if slot is None:
+                    if self._jobs or self._front != self._pos:
+                        return  # wait for the reader to drop items; the wanted item is in flight
+                    gc.collect()  # cycles release slots only when collected
+                    slot = pool.acquire()
+                    if slot is None:
+                        self._warn("held", "prefetch: the reader holds every shared-memory slot (items kept "
+                                   "alive), so items go through the pipe; drop items sooner or raise max_buffered")
+                        self._stats["fallbacks"] += 1
+            s = self._stride
+            self._submit(range(self._front, self._front + count * s, s), slot)
+            self._front += count * s
+
+    def _submit(self, r: range, slot: int | None) -> None:
+        job_id = self._next_job
+        self._next_job += 1
+        self._jobs[job_id] = (r, slot, self._gen)
+        self._stats["jobs"] += 1
+        self._m.backend.submit(job_id, r, slot)
+
+    def _wait(self, i: int) -> Any:
+        if i in self._ready:
+            return self._ready.pop(i)
+        t0 = time.monotonic()
+        deadline = None if self.timeout is None else t0 + self.timeout
+        self._stats["waits"] += 1
+        try:
+            while i not in self._ready:
+                if not any(i in r for r, _, _ in self._jobs.values()):
+                    self._schedule_item(i)
+                left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+                if left <= 0:
+                    raise PrefetchTimeout(f"prefetch: item {i} did not arrive within timeout={self.timeout}s "
+                                          f"({self.describe()})", i)
+                self._collect(self._m.backend.poll(left))
+                self._m.backend.check()
+            return self._ready.pop(i)
+        finally:
+            self._stats["wait_seconds"] += time.monotonic() - t0
+
+    def _schedule_item(self, i: int) -> None:
+        """The wanted item has no job (every slot taken by stale work): give it one of its own."""
+        slot = self._slot()
+        if slot is None and self._m.pool is not None and self._m.pool.nslots:
+            self._stats["fallbacks"] += 1
+        self._submit(range(i, i + 1), slot)
+
+    def _collect(self, done: list) -> None:
+        backend = self._m.backend
+        for msg in done:
+            if isinstance(backend, ThreadBackend):
+                job_id, items, seconds = msg
+                table, needed, payload, kind = (), 0, None, wire.RESULT
+            else:
+                job_id, kind, table, needed, seconds, payload = msg
+                if job_id < 0:
+                    continue  # a worker's start-up message
+            job = self._jobs.pop(job_id, None)
+            if job is None:
+                continue
+            r, slot, gen = job
+            if kind == wire.CANCELLED:
+                if slot is not None:
+                    self._m.pool.release(slot)
+                continue
+            if payload is not None:
+                items = backend.load_items(slot, table, payload)
+                nbytes = sum(n for _, n in table)
+                self._stats["bytes_shm"] += nbytes
+                self._stats["bytes_pipe"] += len(payload)
+                if slot is not None and needed > self._m.pool.slot_size:
+                    self._stats["fallbacks"] += 1
+                    self._warn("size", f"prefetch: a chunk of {len(r)} item(s) needed {needed} bytes but a slot "
+                               f"holds {self._m.pool.slot_size} (shm_size={self.shm_size} / max_buffered="
+                               f"{self.max_buffered}); what did not fit went through the pipe. "
+                               f"shm_size >= {needed * self.max_buffered} would fit")
+                self._adapt(len(r), seconds, needed)
+            else:
+                self._adapt(len(r), seconds, 0)
+            self._stats["items"] += len(r)
+            if gen == self._gen:
+                self._ready.update(zip(r, items))
+            else:
+                self._ready.update((j, x) for j, x in zip(r, items) if self._in_window(j))
+
+    def _adapt(self, count: int, seconds: float, nbytes: int) -> None:
+        """Grow chunks as jobs complete, within the time budget and what fits a slot."""
+        per_item = seconds / max(count, 1)
+        self._item_seconds = per_item if self._item_seconds == 0 else 0.7 * self._item_seconds + 0.3 * per_item
+        cap = _CHUNK_MAX
+        if self._item_seconds > 0:
+            cap = min(cap, max(1, int(_CHUNK_SECONDS / self._item_seconds)))
+        pool = self._m.pool
+        if pool is not None and pool.nslots:
+            per_item_bytes = nbytes / max(count, 1)
+            self._item_bytes = max(self._item_bytes * 0.7, per_item_bytes)
+            if self._item_bytes > 0:
+                cap = min(cap, max(1, int(pool.slot_size // (self._item_bytes + 64))))
+        self._chunk = max(1, min(self._chunk * 2, cap))
+        self._stats["chunk"] = self._chunk
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, RuntimeWarning, stacklevel=5)
+
+    # -- introspection ---------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Counters: items computed, jobs sent, current chunk size, bytes through shared memory and
+        through the pipe, fallbacks to the pipe, reads that had to wait and the time spent waiting."""
+        with self._lock:
+            out = dict(self._stats)
+            pool = self._m.pool
+            out.update(method=self.method, nworkers=self.nworkers, max_buffered=self.max_buffered,
+                       slot_size=pool.slot_size if pool is not None else 0,
+                       slots_free=pool.free() if pool is not None else 0)
+            return out
+
+    def describe(self) -> str:
+        what = "threads" if self.method == "thread" else "processes"
+        shm = f", shm_size={self.shm_size}" if self.shm_size else ""
+        return f"prefetch({self.nworkers} {what}, max_buffered={self.max_buffered}{shm})"
+
+
+def prefetch(seq: Any, nworkers: int = 0, method: str = "thread", max_buffered: int = 10,
+             start_hook: Callable | None = None, shm_size: int = 0, *, mp_context: Any = None,
+             timeout: float | None = None, lazy_start: bool = False) -> Prefetch:
+    """The items of ``seq``, computed ahead of the reader by worker threads or processes.
+
+    ``p[i]`` is ``seq[i]`` for every key ``seq`` accepts. Reading in order keeps up to
+    ``max_buffered`` chunks of items in flight; a jump restarts the window at the new index,
+    cancelling work no longer wanted and keeping what is still wanted.
+
+    - ``nworkers``: number of workers; ``<= 0`` means usable cores + ``nworkers`` (at least 1).
+    - ``method``: ``'thread'`` or ``'process'``. Process workers get chunks of indices over a
+      pipe and evaluate them with one bulk read; results come back as one small pickle per chunk.
+    - ``shm_size``: bytes of shared memory for process workers, split into ``max_buffered`` slots.
+      Every numpy array, bytearray and large bytes object of a result is written into the job's
+      slot and read back as a zero-copy view; the slot is reused only when no array built on it is
+      alive in the reader. What does not fit a slot goes through the pipe (warned once, counted
+      in ``stats()['fallbacks']``). ``lazyseq.empty``/``empty_like`` build arrays in the slot
+      directly, saving that copy.
+    - ``start_hook(worker_index)`` runs once in every worker before its first item.
+    - ``mp_context``: ``'fork'``, ``'forkserver'``, ``'spawn'`` or a multiprocessing context.
+    - ``timeout``: seconds to wait for one item before :class:`lazyseq.PrefetchTimeout`.
+    - ``lazy_start``: start workers at the first read rather than now.
+
+    An exception in a worker is raised as :class:`EvaluationError` for that item only; a worker
+    that dies raises :class:`WorkerCrashed`. ``close()``, a ``with`` block or dropping the object
+    stops the workers.
+
+    >>> import lazyseq
+    >>> with lazyseq.prefetch(lazyseq.smap(lambda x: x * x, range(100)), nworkers=2) as p:
+    ...     p[5], p[-1], list(p[:4])
+    (25, 9801, [0, 1, 4, 9])
+    """
+    return Prefetch(seq, nworkers, method, max_buffered, start_hook, shm_size, mp_context, timeout, lazy_start)

@@ -1,0 +1,244 @@
+"""The process backend: start, feed, supervise and stop worker processes.
+
+Each worker has its own duplex pipe. The reader sends fixed job records (a range of indices and a
+slot) and receives one message per chunk. The reader waits on the pipes and on the processes'
+sentinels together, so a dead worker is seen as soon as it dies.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import struct
+import time
+from collections.abc import Callable
+from multiprocessing import connection, reduction
+from typing import Any
+
+import cloudpickle
+
+from ..errors import WorkerCrashed, WorkerStartError
+from . import slots, wire
+from .slots import JobSlot, SlotPool
+
+# Parent-side descriptors of every live worker pipe and segment of this process. A forked worker
+# closes all of them, so a worker never keeps another one's pipe open: when the reader's process
+# dies, every worker reads end-of-file.
+_PARENT_FDS: set[int] = set()
+
+
+class _FdForChild:
+    """A file descriptor handed to a spawn/forkserver child (duplicated into it at start)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        return (_detach, (reduction.DupFd(self.fd),))
+
+
+def _detach(dup: Any) -> int:
+    return dup.detach()
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "is gone"
+    if code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def worker_main(index: int, conn: connection.Connection, seq: Any, start_hook: Any, shm: Any, slot_size: int,
+                nslots: int, close_fds: list[int], parent: int, pickled: bool) -> None:
+    """A worker's life: rebuild the pipeline, run start_hook, then answer job records until the
+    reader closes the pipe or its process disappears."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle; it stops us
+    for fd in close_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    try:
+        if pickled:
+            seq, start_hook = cloudpickle.loads(seq), cloudpickle.loads(start_hook)
+        memory = slots.map_segment(shm, SlotPool.HEADER + slot_size * nslots)
+        os.close(shm)
+        cancelled = memory[: SlotPool.HEADER].view("int64")
+        if start_hook is not None:
+            start_hook(index)
+    except BaseException as e:
+        err = wire.ItemError(-1, e)
+        conn.send_bytes(wire.encode(-1, wire.START_FAILED, cloudpickle.dumps(err)))
+        return
+    conn.send_bytes(wire.encode(-1, wire.READY, struct.pack("<q", os.getpid())))
+    base = memory.ctypes.data
+    while True:
+        try:
+            if not conn.poll(0.5):
+                if os.getppid() != parent:  # the reader's process is gone
+                    return
+                continue
+            rec = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        job_id, start, step, count, slot = wire.JOB.unpack(rec)
+        if cancelled[job_id % SlotPool.RING] == job_id:  # the reader jumped away from it
+            conn.send_bytes(wire.encode(job_id, wire.CANCELLED, b""))
+            continue
+        job = None
+        if slot >= 0:
+            at = SlotPool.HEADER + slot * slot_size
+            job = JobSlot(memory[at : at + slot_size], base + at)
+        slots.set_current(job)
+        t = time.perf_counter()
+        items = wire.evaluate(seq, range(start, start + count * step, step))
+        payload, table, needed = wire.dump_chunk(items, job)
+        slots.set_current(None)
+        del items
+        try:
+            conn.send_bytes(wire.encode(job_id, wire.RESULT, payload, table, needed, time.perf_counter() - t))
+        except OSError:
+            return
+
+
+class ProcessBackend:
+    def __init__(self, seq: Any, nworkers: int, start_hook: Callable | None, ctx: Any, pool: SlotPool):
+        self.pool, self.ctx, self.method = pool, ctx, ctx.get_start_method()
+        self.procs: list = []
+        self.conns: list[connection.Connection] = []
+        self.load: list[int] = []  # jobs outstanding per worker
+        self.job_worker: dict[int, int] = {}
+        self.ready, self.pids = 0, []
+        self.stopping = False
+        fork = self.method == "fork"
+        if fork:
+            args_seq, args_hook = seq, start_hook
+        else:
+            try:
+                args_seq, args_hook = cloudpickle.dumps(seq), cloudpickle.dumps(start_hook)
+            except Exception as e:
+                raise TypeError(f"prefetch: the sequence cannot be pickled to start {self.method!r} workers "
+                                f"({e}); use mp_context='fork' or make it picklable") from e
+        try:
+            for k in range(nworkers):
+                mine, theirs = ctx.Pipe(duplex=True)
+                self.conns.append(mine)
+                _PARENT_FDS.add(mine.fileno())
+                shm = pool.fd if fork else _FdForChild(pool.fd)
+                close = sorted(_PARENT_FDS - {pool.fd}) if fork else []
+                p = ctx.Process(target=worker_main, name=f"lazyseq-prefetch-{k}",
+                                args=(k, theirs, args_seq, args_hook, shm, pool.slot_size, pool.nslots, close,
+                                      os.getpid(), not fork))
+                p.start()
+                theirs.close()
+                self.procs.append(p)
+                self.load.append(0)
+        except BaseException:
+            self.close()
+            raise
+        self.sentinels = {p.sentinel: k for k, p in enumerate(self.procs)}
+        self.conn_index = {c: k for k, c in enumerate(self.conns)}
+
+    @property
+    def nworkers(self) -> int:
+        return len(self.procs)
+
+    def submit(self, job_id: int, r: range, slot: int | None) -> None:
+        k = min(range(len(self.load)), key=self.load.__getitem__)
+        self.load[k] += 1
+        self.job_worker[job_id] = k
+        try:
+            self.conns[k].send_bytes(wire.JOB.pack(job_id, r.start, r.step, len(r), -1 if slot is None else slot))
+        except OSError:
+            self._crashed(k)
+
+    def _crashed(self, k: int) -> None:
+        p = self.procs[k]
+        p.join(0.5)
+        code = p.exitcode
+        raise WorkerCrashed(f"prefetch worker {k} (pid {p.pid}) {_describe_exit(code)}; the items it was "
+                            "computing are lost and this prefetch is closed: create a new one to go on",
+                            p.pid, code)
+
+    def poll(self, timeout: float) -> list[tuple[int, int, list[tuple[int, int]], int, float, memoryview]]:
+        """Messages that arrived within ``timeout`` seconds; raises WorkerCrashed for a dead worker."""
+        ready = connection.wait([*self.conns, *self.sentinels], timeout)
+        out, dead = [], []
+        for obj in ready:
+            if obj in self.sentinels:
+                dead.append(self.sentinels[obj])
+                continue
+            k = self.conn_index[obj]
+            try:
+                while True:  # drain: a worker may send several chunks before we look again
+                    out.append(self._message(k, obj.recv_bytes()))
+                    if not obj.poll(0):
+                        break
+            except (EOFError, OSError):
+                dead.append(k)
+        for k in dead:  # what a dead worker sent before dying still counts
+            conn = self.conns[k]
+            try:
+                while conn.poll(0):
+                    out.append(self._message(k, conn.recv_bytes()))
+            except (EOFError, OSError):
+                pass
+        if dead and not self.stopping:
+            self._pending_crash = dead[0]
+        return out
+
+    def check(self) -> None:
+        k = getattr(self, "_pending_crash", None)
+        if k is not None:
+            self._crashed(k)
+
+    def _message(self, k: int, msg: bytes) -> tuple:
+        job_id, kind, table, needed, seconds, payload = wire.decode_head(msg)
+        if kind == wire.READY:
+            self.ready += 1
+            self.pids.append(struct.unpack("<q", payload)[0])
+        elif kind == wire.START_FAILED:
+            err = cloudpickle.loads(payload).rebuild()
+            raise WorkerStartError(f"prefetch worker {k} failed to start: {type(err).__name__}: {err}") from err
+        else:
+            self.load[k] -= 1
+            self.job_worker.pop(job_id, None)
+        return job_id, kind, table, needed, seconds, payload
+
+    def load_items(self, slot: int | None, table: list[tuple[int, int]], payload: memoryview) -> list:
+        """Rebuild a chunk's items; arrays are views of ``slot`` that keep it reserved."""
+        if table:
+            anchor = self.pool.anchor(slot)
+            return wire_loads(payload, [anchor[o : o + n] for o, n in table])
+        if slot is not None:
+            self.pool.release(slot)
+        return wire_loads(payload, ())
+
+    def close(self, grace: float = 0.3) -> None:
+        self.stopping = True
+        for c in self.conns:
+            _PARENT_FDS.discard(c.fileno())
+            c.close()  # idle workers read end-of-file and return at once
+        deadline = time.monotonic() + grace
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+        for p in self.procs:
+            p.join(1.0)
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+            if not p.is_alive():
+                p.close()
+        self.procs, self.conns = [], []
+
+
+def wire_loads(payload: memoryview, buffers: Any) -> list:
+    return pickle.loads(payload, buffers=buffers)

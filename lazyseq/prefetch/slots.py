@@ -1,0 +1,180 @@
+"""The shared-memory slot pool, slot anchors, and ``empty``/``empty_like`` for workers.
+
+One anonymous segment (``memfd_create``; ``shm_open`` + immediate unlink elsewhere) is split into
+fixed slots. Its file descriptor is handed to the workers, so the segment has no name in
+``/dev/shm`` once created: nothing can leak there, whatever kills whom.
+
+A delivered chunk's arrays are zero-copy views of its slot. Their numpy ``base`` chain ends at one
+:class:`SlotAnchor` per chunk (numpy keeps an object exposing ``__array_interface__`` as the base of
+every array built on it); when the last array goes, the anchor's ``weakref.finalize`` puts the
+slot back in the pool. So a slot is reused only when nothing in the parent looks at it any more.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import weakref
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+__all__ = ["SlotPool", "SlotAnchor", "empty", "empty_like", "ALIGN"]
+
+ALIGN = 64  # every buffer in a slot starts on a cache line
+
+
+def align(n: int) -> int:
+    return (n + ALIGN - 1) & ~(ALIGN - 1)
+
+
+def create_segment(size: int) -> int:
+    """A file descriptor of ``size`` bytes of shared memory with no name left behind."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("lazyseq", getattr(os, "MFD_CLOEXEC", 0))
+    else:  # pragma: no cover - non-Linux POSIX
+        import _posixshmem
+
+        name = f"/lazyseq-{os.getpid()}-{secrets.token_hex(6)}"
+        fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        _posixshmem.shm_unlink(name)
+    try:
+        os.ftruncate(fd, size)  # no zero-fill: pages appear when first written
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def map_segment(fd: int, size: int) -> np.ndarray:
+    """The whole segment as a writable uint8 array (it keeps the mapping alive)."""
+    return np.frombuffer(mmap.mmap(fd, size), dtype=np.uint8)
+
+
+class SlotAnchor:
+    """The numpy base of every array delivered from one slot; dropping the last releases the slot."""
+
+    __slots__ = ("__array_interface__", "__weakref__", "_memory")
+
+    def __init__(self, memory: np.ndarray, offset: int, size: int):
+        self._memory = memory  # keeps the mapping alive as long as any array of the slot lives
+        self.__array_interface__ = {"data": (memory.ctypes.data + offset, False), "shape": (size,),
+                                    "typestr": "|u1", "version": 3}
+
+
+class SlotPool:
+    """``nslots`` slots of ``slot_size`` bytes in one shared segment (parent side), after a header
+    page that holds the ring of cancelled job ids workers check before starting a job."""
+
+    HEADER = 4096
+    RING = HEADER // 8
+
+    def __init__(self, shm_size: int, nslots: int):
+        self.nslots = nslots if shm_size > 0 else 0
+        self.slot_size = (shm_size // nslots) // ALIGN * ALIGN if self.nslots else 0
+        if self.nslots and self.slot_size < ALIGN:
+            raise ValueError(f"prefetch: shm_size={shm_size} is too small for {nslots} slots")
+        self.size = self.HEADER + self.slot_size * self.nslots
+        self.fd = create_segment(self.size)
+        self.memory = map_segment(self.fd, self.size)
+        self.cancelled = self.memory[: self.HEADER].view(np.int64)
+        self.cancelled[:] = -1
+        # deque append/popleft are atomic, so a finalizer running in any thread (or inside the
+        # garbage collector while the reader is in acquire) can release without a lock.
+        self._free: deque[int] = deque(range(self.nslots))
+
+    def cancel(self, job_id: int) -> None:
+        self.cancelled[job_id % self.RING] = job_id
+
+    def offset(self, slot: int) -> int:
+        return self.HEADER + slot * self.slot_size
+
+    def acquire(self) -> int | None:
+        try:
+            return self._free.popleft()
+        except IndexError:
+            return None
+
+    def release(self, slot: int) -> None:
+        self._free.append(slot)
+
+    def free(self) -> int:
+        return len(self._free)
+
+    def anchor(self, slot: int) -> np.ndarray:
+        """A uint8 array over ``slot`` whose views keep the slot reserved; the slot returns to the
+        pool when the last of them is gone."""
+        a = SlotAnchor(self.memory, self.offset(slot), self.slot_size)
+        weakref.finalize(a, self._free.append, slot)
+        return np.asarray(a)
+
+    def close_fd(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+# -- worker side: the current job's slot -----------------------------------------------------------
+class JobSlot:
+    """The slot a worker writes the current job into: a bump allocator over its bytes."""
+
+    __slots__ = ("view", "offset", "start")
+
+    def __init__(self, view: np.ndarray, start: int):
+        self.view, self.offset, self.start = view, 0, start  # start: address of the slot
+
+    def reserve(self, nbytes: int) -> int | None:
+        off = align(self.offset)
+        if off + nbytes > len(self.view):
+            return None
+        self.offset = off + nbytes
+        return off
+
+
+_current: JobSlot | None = None
+
+
+def set_current(slot: JobSlot | None) -> None:
+    global _current
+    _current = slot
+
+
+def current() -> JobSlot | None:
+    return _current
+
+
+def empty(shape: Any, dtype: Any = float, order: str = "C") -> np.ndarray:
+    """``numpy.empty``, placed in the current job's shared-memory slot inside a process worker.
+
+    An item function that fills its output in place (``out=``, slicing) and returns it saves the
+    copy into the slot: the array is already where the reader will see it. Anywhere else (the
+    main process, thread workers, a full slot) this is plain ``numpy.empty``. Do not keep such an
+    array beyond the item that returns it: its memory is reused for later items.
+
+    >>> import lazyseq
+    >>> a = lazyseq.empty((2, 3), dtype='float32')
+    >>> a.shape, a.dtype
+    ((2, 3), dtype('float32'))
+    """
+    job = _current
+    if job is not None:
+        dt = np.dtype(dtype)
+        shp = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        nbytes = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
+        off = job.reserve(nbytes)
+        if off is not None:
+            return np.ndarray(shp, dtype=dt, buffer=job.view, offset=off, order=order)
+    return np.empty(shape, dtype=dtype, order=order)
+
+
+def empty_like(a: Any, dtype: Any = None) -> np.ndarray:
+    """:func:`empty` with the shape and dtype of ``a`` (or ``dtype``).
+
+    >>> import lazyseq, numpy as np
+    >>> lazyseq.empty_like(np.zeros((4, 2), 'uint8')).shape
+    (4, 2)
+    """
+    a = np.asarray(a)
+    return empty(a.shape, a.dtype if dtype is None else dtype)

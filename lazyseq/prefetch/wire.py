@@ -1,0 +1,173 @@
+"""What travels between the reader and process workers: fixed job records, and result chunks whose
+out-of-band buffers (pickle protocol 5) are written into the job's shared-memory slot."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+import traceback
+from typing import Any
+
+import numpy as np
+
+from ..base import View
+from .slots import JobSlot
+
+JOB = struct.Struct("<qqqqq")  # job id, first index, step, count, slot (-1: no slot)
+HEAD = struct.Struct("<qiiqd")  # job id, kind, number of slot buffers, bytes needed, seconds spent
+BUF = struct.Struct("<qq")  # offset in the slot, length
+
+RESULT, READY, START_FAILED, CANCELLED = 0, 1, 2, 3
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker, as text (the ``__cause__`` of it)."""
+
+    def __str__(self) -> str:
+        return "\n" + self.args[0]
+
+
+class ItemError:
+    """An item whose evaluation raised in a worker: the exception, its cause, the traceback text."""
+
+    __slots__ = ("index", "error", "cause", "tb")
+
+    def __init__(self, index: int, exc: BaseException, portable: bool = True):
+        self.index, self.tb = index, "".join(traceback.format_exception(exc)) if portable else ""
+        if portable:  # it will cross a process boundary
+            self.error, self.cause = picklable(exc), picklable(exc.__cause__) if exc.__cause__ else None
+        else:
+            self.error, self.cause = exc, None
+
+    def __reduce__(self):
+        return (_item_error, (self.index, self.error, self.cause, self.tb))
+
+    def rebuild(self) -> BaseException:
+        """The worker's exception, with its cause and the worker's traceback chained under it."""
+        if not self.tb:  # from a thread: the exception itself, with its real traceback
+            return self.error
+        err, remote = self.error, RemoteTraceback(self.tb)
+        if self.cause is not None:
+            self.cause.__cause__ = remote
+            err.__cause__ = self.cause
+        else:
+            err.__cause__ = remote
+        return err
+
+
+def _item_error(index: int, error: BaseException, cause: BaseException | None, tb: str) -> ItemError:
+    e = ItemError.__new__(ItemError)
+    e.index, e.error, e.cause, e.tb = index, error, cause, tb
+    return e
+
+
+def picklable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling, else a RuntimeError that says what it was."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception as why:
+        return RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc} "
+                            f"(the original exception could not be pickled: {why})")
+
+
+def evaluate(seq: Any, idx: range, portable: bool = True) -> list:
+    """The items ``idx`` of ``seq``: one bulk read; on failure, item by item so that the failing
+    items are named and the others still arrive."""
+    try:
+        return seq._get_many(idx) if isinstance(seq, View) else [seq[i] for i in idx]
+    except BaseException:
+        pass
+    out: list = []
+    for i in idx:
+        try:
+            out.append(seq[i])
+        except BaseException as e:
+            out.append(ItemError(i, e, portable))
+    return out
+
+
+def _bytes_from(buf: Any) -> bytes:
+    return bytes(buf)
+
+
+class _Pickler(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        # bytes have no out-of-band form of their own: send large ones through the slot too
+        if type(obj) is bytes and len(obj) >= 4096:
+            return _bytes_from, (pickle.PickleBuffer(obj),)
+        return NotImplemented
+
+
+def _address(m: memoryview) -> int:
+    return np.frombuffer(m, dtype=np.uint8).ctypes.data
+
+
+def dump_chunk(items: list, job: JobSlot | None) -> tuple[bytes, list[tuple[int, int]], int]:
+    """Pickle ``items``; buffers go into ``job``'s slot while they fit, the rest in-band.
+
+    Returns the payload, the (offset, length) of each slot buffer in order, and the bytes a slot
+    would need to hold every buffer of the chunk.
+    """
+    table: list[tuple[int, int]] = []
+    needed = [job.offset if job is not None else 0]
+    base = job.offset if job is not None else 0
+
+    def place(pb: pickle.PickleBuffer) -> bool:
+        m = pb.raw()
+        n = m.nbytes
+        needed[0] += n + 64
+        if job is None or n == 0:
+            return True
+        addr = _address(m)
+        if job.start <= addr and addr + n <= job.start + len(job.view):  # made by lazyseq.empty()
+            table.append((addr - job.start, n))
+            return False
+        off = job.reserve(n)
+        if off is None:
+            return True  # does not fit: this buffer travels in-band, through the pipe
+        job.view[off : off + n] = np.frombuffer(m, dtype=np.uint8)
+        table.append((off, n))
+        return False
+
+    f = io.BytesIO()
+    try:
+        _Pickler(f, protocol=5, buffer_callback=place).dump(items)
+    except Exception:
+        # Some item cannot be pickled: name it, send the others.
+        table.clear()
+        if job is not None:
+            job.offset = base
+        items = [x if _can_pickle(x) else ItemError(i, _unpicklable(x)) for i, x in enumerate(items)]
+        f = io.BytesIO()
+        _Pickler(f, protocol=5, buffer_callback=place).dump(items)
+    return f.getvalue(), table, needed[0]
+
+
+def _can_pickle(x: Any) -> bool:
+    try:
+        pickle.dumps(x, protocol=5, buffer_callback=lambda b: False)
+        return True
+    except Exception:
+        return False
+
+
+def _unpicklable(x: Any) -> BaseException:
+    try:
+        pickle.dumps(x, protocol=5, buffer_callback=lambda b: False)
+    except Exception as e:
+        return TypeError(f"the item ({type(x).__name__}) cannot be pickled to leave the worker process: {e}")
+    return TypeError("the item cannot be pickled")
+
+
+def encode(job_id: int, kind: int, payload: bytes, table: list[tuple[int, int]] = (), needed: int = 0,
+           seconds: float = 0.0) -> bytes:
+    return b"".join([HEAD.pack(job_id, kind, len(table), needed, seconds), *(BUF.pack(o, n) for o, n in table), payload])
+
+
+def decode_head(msg: bytes) -> tuple[int, int, list[tuple[int, int]], int, float, memoryview]:
+    job_id, kind, nbuf, needed, seconds = HEAD.unpack_from(msg)
+    at = HEAD.size
+    table = [BUF.unpack_from(msg, at + k * BUF.size) for k in range(nbuf)]
+    return job_id, kind, table, needed, seconds, memoryview(msg)[at + nbuf * BUF.size :]

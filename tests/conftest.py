@@ -1,0 +1,45 @@
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import lazyseq
+
+
+@pytest.fixture(autouse=True)
+def _doctest_names(doctest_namespace):
+    doctest_namespace["lazyseq"] = lazyseq
+    doctest_namespace["np"] = np
+
+
+def _shm_entries() -> set[str]:
+    try:
+        return {n for n in os.listdir("/dev/shm") if "lazyseq" in n or n.startswith(("psm_", "wnsm_"))}
+    except FileNotFoundError:
+        return set()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Every test leaves no extra thread, child process or shared-memory entry behind."""
+    import multiprocessing
+
+    threads, shm = set(threading.enumerate()), _shm_entries()
+    yield
+    lazyseq.seterr("wrap")
+    import gc
+    import time
+
+    deadline = time.monotonic() + 5
+    while True:
+        gc.collect()
+        extra_threads = [t for t in threading.enumerate() if t not in threads and t.is_alive()]
+        children = multiprocessing.active_children()
+        extra_shm = _shm_entries() - shm
+        if not (extra_threads or children or extra_shm) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not extra_threads, f"threads left running: {extra_threads}"
+    assert not children, f"child processes left running: {children}"
+    assert not extra_shm, f"/dev/shm entries left: {extra_shm}"
