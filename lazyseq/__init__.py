@@ -6,7 +6,7 @@ The API is a superset of seqtools' (``import lazyseq as seqtools`` works).
 
 from . import instrument
 from .base import View
-from .errors import EvaluationError, PrefetchTimeout, WorkerCrashed, WorkerStartError, seterr
+from .errors import EvaluationError, PrefetchClosed, PrefetchTimeout, WorkerCrashed, WorkerStartError, seterr
 from .prefetch import empty, empty_like, prefetch
 from .views.caching import add_cache
 from .views.indexing import arange, case, cycle, gather, interleave, repeat, shard, shuffle, switch, take, uniter
@@ -16,8 +16,8 @@ from .views.shape import Pad, batch, collate, concatenate, split, unbatch
 __version__ = "0.1.0"
 
 __all__ = [
-    "EvaluationError", "Pad", "PrefetchTimeout", "View", "WorkerCrashed", "WorkerStartError", "empty", "empty_like",
-    "prefetch", "add_cache", "arange", "batch", "case", "collate", "concatenate",
-    "cycle", "gather", "instrument", "interleave", "repeat", "seterr", "shard", "shuffle", "smap",
-    "split", "starmap", "switch", "take", "unbatch", "uniter",
+    "EvaluationError", "Pad", "PrefetchClosed", "PrefetchTimeout", "View", "WorkerCrashed",
+    "WorkerStartError", "add_cache", "arange", "batch", "case", "collate", "concatenate", "cycle", "empty",
+    "empty_like", "gather", "instrument", "interleave", "prefetch", "repeat", "seterr", "shard", "shuffle",
+    "smap", "split", "starmap", "switch", "take", "unbatch", "uniter",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EvaluationError", "PrefetchTimeout", "WorkerCrashed", "WorkerStartError", "seterr"]
+__all__ = ["EvaluationError", "PrefetchClosed", "PrefetchTimeout", "WorkerCrashed", "WorkerStartError", "seterr"]
 
 
 class EvaluationError(Exception):
@@ -29,7 +29,7 @@ class EvaluationError(Exception):
         return (type(self), (self.args[0] if self.args else "", self.item, self.view))
 
 
-class NotWrapped:
+class NotWrapped(Exception):
     """Mixin: errors about the machinery itself (not an item), never wrapped in EvaluationError."""
 
 
@@ -51,6 +51,10 @@ class WorkerCrashed(NotWrapped, RuntimeError):
 class WorkerStartError(NotWrapped, RuntimeError):
     """A prefetch worker failed to start (its ``start_hook`` raised, or the pipeline could not be
     rebuilt in it); the original exception is ``__cause__``. The prefetch is closed."""
+
+
+class PrefetchClosed(NotWrapped, RuntimeError):
+    """A read from a prefetch that was closed (by ``close()``, a ``with`` block or Ctrl-C)."""
 
 
 class PrefetchTimeout(NotWrapped, TimeoutError):

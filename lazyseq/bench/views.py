@@ -37,7 +37,8 @@ def run(quick: bool = False) -> dict:
         b = 10 + 3 * i
         return f2([f1(data[idx[j]]) for j in range(b * k, min(b * k + k, n))])
 
-    peers: dict[str, Callable[[int], Any]] = {"hand-written": hand, "lazyseq": _pipeline(lazyseq, data, idx, k, f1, f2).__getitem__}
+    peers: dict[str, Callable[[int], Any]] = {"hand-written": hand}
+    peers["lazyseq"] = _pipeline(lazyseq, data, idx, k, f1, f2).__getitem__
     try:
         import seqtools
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..base import View, check_source, is_finite, length
-from ..errors import EvaluationError, PrefetchTimeout, passthrough, wrap_error
+from ..errors import EvaluationError, PrefetchClosed, PrefetchTimeout, passthrough, wrap_error
 from . import wire
 from .processes import _PARENT_FDS, ProcessBackend
 from .slots import SlotPool, empty, empty_like
@@ -79,7 +79,8 @@ class Prefetch(View):
         self._jobs: dict[int, tuple[range, int | None, int]] = {}  # id -> (indices, slot, generation)
         self._ready: dict[int, Any] = {}
         self._next_job, self._gen = 0, 0
-        self._pos, self._stride, self._front, self._delta = 0, 1, 0, 0
+        self._pos, self._stride, self._front, self._delta, self._origin = 0, 1, 0, 0, 0
+        self._skips: list[tuple[int, int]] = []  # spans (in strides from _origin) kept over a jump
         self._last: tuple[int, Any] | None = None
         self._chunk, self._item_seconds, self._item_bytes, self._ramp = 1, 0.0, 0, self.max_buffered
         self._warned: set[str] = set()
@@ -111,7 +112,7 @@ class Prefetch(View):
             self._last = None
             self._finalizer()
             if self._error is None:
-                self._error = RuntimeError("prefetch: this prefetch is closed")
+                self._error = PrefetchClosed(f"{self.describe()} is closed; create a new one to read on")
 
     def __enter__(self) -> Prefetch:
         return self
@@ -142,26 +143,30 @@ class Prefetch(View):
             if last is not None and last[0] == i:  # the same item again: the window stays
                 return self._deliver(i, last[1])
             try:
-                if self._m.backend is None:
-                    self._start()
-                if i != self._pos:
-                    self._jump(i)
-                else:
-                    self._ramp = min(self.max_buffered, self._ramp * 2)
-                self._schedule()
-                value = self._wait(i)
+                value = self._read(i)
             except (IndexError, PrefetchTimeout):
                 raise  # about this item only: the prefetch goes on
             except BaseException as e:  # a crash, a failed start, Ctrl-C: stop every worker now
                 self.close()
-                self._error = RuntimeError("prefetch: stopped by KeyboardInterrupt; create a new one") \
+                self._error = PrefetchClosed("prefetch: stopped by KeyboardInterrupt; create a new one") \
                     if isinstance(e, KeyboardInterrupt) else e
                 raise
-            self._last = None  # drop the previous item before holding this one
-            self._last = (i, value)
-            self._pos = i + self._stride
-            self._schedule()
             return self._deliver(i, value)
+
+    def _read(self, i: int) -> Any:
+        if self._m.backend is None:
+            self._start()
+        if i != self._pos:
+            self._jump(i)
+        else:
+            self._ramp = min(self.max_buffered, self._ramp * 2)
+        self._schedule()
+        value = self._wait(i)
+        self._last = None  # drop the previous item before holding this one
+        self._last = (i, value)
+        self._pos = i + self._stride
+        self._schedule()
+        return value
 
     def _deliver(self, i: int, value: Any) -> Any:
         if type(value) is not wire.ItemError:
@@ -171,9 +176,7 @@ class Prefetch(View):
             raise (err.__cause__ if isinstance(err, EvaluationError) and err.__cause__ is not None
                    and not isinstance(err.__cause__, wire.RemoteTraceback) else err)
         if isinstance(err, EvaluationError):
-            if err.item != i or err.view != self.describe():
-                err.add_note(f"while reading item {i} of {self.describe()}")
-            raise err
+            raise err  # the base class notes which item of this prefetch was being read
         raise wrap_error(err, i, self)
 
     def _in_window(self, j: int) -> bool:
@@ -209,13 +212,16 @@ class Prefetch(View):
         self._cancel(stale)
         # Random reads should not start a full window each: start small, ramp up as reads go on.
         self._ramp, self._chunk = 1, 1
-        # Resume after the furthest item kept; the holes before it get jobs of their own.
-        self._front = i
-        for r in sorted(kept, key=lambda r: (r[0] - i) // s):
-            first = r[0] if inside(r[0]) else i
-            if (first - self._front) // s > 0:
-                self._submit(range(self._front, first, s), self._slot())
-            self._front = max(self._front, r[-1] + s, key=lambda j: (j - i) // s)
+        # Scheduling restarts at i and steps over the spans still ready or in flight.
+        spans = sorted((max(0, (r[0] - i) // s), (r[-1] - i) // s + 1) for r in kept)
+        self._skips = []
+        for a, b in spans:
+            if self._skips and a <= self._skips[-1][1]:
+                self._skips[-1] = (self._skips[-1][0], max(b, self._skips[-1][1]))
+            else:
+                self._skips.append((a, b))
+        self._skips.reverse()  # the nearest last, to pop
+        self._origin, self._front = i, i
 
     def _cancel(self, job_ids: set[int]) -> None:
         if not job_ids:
@@ -262,8 +268,18 @@ class Prefetch(View):
                                    "alive), so items go through the pipe; drop items sooner or raise max_buffered")
                         self._stats["fallbacks"] += 1
             s = self._stride
-            self._submit(range(self._front, self._front + count * s, s), slot)
-            self._front += count * s
+            if self._skips:  # stop short of the next span kept over a jump
+                a = self._skips[-1][0]
+                count = min(count, a - (self._front - self._origin) // s)
+            if count > 0:
+                self._submit(range(self._front, self._front + count * s, s), slot)
+                self._front += count * s
+            elif slot is not None:
+                pool.release(slot)
+            while self._skips and (self._front - self._origin) // s >= self._skips[-1][0]:
+                end = self._skips.pop()[1]
+                if (self._front - self._origin) // s < end:
+                    self._front = self._origin + end * s
 
     def _submit(self, r: range, slot: int | None) -> None:
         job_id = self._next_job
@@ -369,6 +385,11 @@ class Prefetch(View):
                        slot_size=pool.slot_size if pool is not None else 0,
                        slots_free=pool.free() if pool is not None else 0)
             return out
+
+    def worker_pids(self) -> list[int]:
+        """The process ids of the workers (empty for threads, or before they start)."""
+        backend = self._m.backend
+        return list(backend.pids) if isinstance(backend, ProcessBackend) else []
 
     def describe(self) -> str:
         what = "threads" if self.method == "thread" else "processes"

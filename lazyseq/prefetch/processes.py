@@ -88,7 +88,10 @@ def worker_main(index: int, conn: connection.Connection, seq: Any, start_hook: A
             return
         job_id, start, step, count, slot = wire.JOB.unpack(rec)
         if cancelled[job_id % SlotPool.RING] == job_id:  # the reader jumped away from it
-            conn.send_bytes(wire.encode(job_id, wire.CANCELLED, b""))
+            try:
+                conn.send_bytes(wire.encode(job_id, wire.CANCELLED, b""))
+            except OSError:
+                return
             continue
         job = None
         if slot >= 0:
@@ -113,7 +116,7 @@ class ProcessBackend:
         self.conns: list[connection.Connection] = []
         self.load: list[int] = []  # jobs outstanding per worker
         self.job_worker: dict[int, int] = {}
-        self.ready, self.pids = 0, []
+        self.ready = 0
         self.stopping = False
         fork = self.method == "fork"
         if fork:
@@ -148,6 +151,10 @@ class ProcessBackend:
     def nworkers(self) -> int:
         return len(self.procs)
 
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
     def submit(self, job_id: int, r: range, slot: int | None) -> None:
         k = min(range(len(self.load)), key=self.load.__getitem__)
         self.load[k] += 1
@@ -159,6 +166,11 @@ class ProcessBackend:
 
     def _crashed(self, k: int) -> None:
         p = self.procs[k]
+        try:  # a worker that failed to start said why before exiting
+            while self.conns[k].poll(0):
+                self._message(k, self.conns[k].recv_bytes())
+        except (EOFError, OSError):
+            pass
         p.join(0.5)
         code = p.exitcode
         raise WorkerCrashed(f"prefetch worker {k} (pid {p.pid}) {_describe_exit(code)}; the items it was "
@@ -201,7 +213,6 @@ class ProcessBackend:
         job_id, kind, table, needed, seconds, payload = wire.decode_head(msg)
         if kind == wire.READY:
             self.ready += 1
-            self.pids.append(struct.unpack("<q", payload)[0])
         elif kind == wire.START_FAILED:
             err = cloudpickle.loads(payload).rebuild()
             raise WorkerStartError(f"prefetch worker {k} failed to start: {type(err).__name__}: {err}") from err

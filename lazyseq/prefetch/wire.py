@@ -92,12 +92,33 @@ def _bytes_from(buf: Any) -> bytes:
     return bytes(buf)
 
 
-class _Pickler(pickle.Pickler):
-    def reducer_override(self, obj: Any) -> Any:
-        # bytes have no out-of-band form of their own: send large ones through the slot too
-        if type(obj) is bytes and len(obj) >= 4096:
-            return _bytes_from, (pickle.PickleBuffer(obj),)
-        return NotImplemented
+_LARGE = 4096  # smaller bytes objects are cheaper in the pickle than in a slot
+
+
+class _Bytes:
+    """A large ``bytes`` or ``bytearray`` in a result. The pickler never asks how to reduce those
+    (a fast path writes them in-band), so they are swapped for this to travel out-of-band too."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes | bytearray):
+        self.data = data
+
+    def __reduce_ex__(self, protocol: int):
+        return (_bytes_from if type(self.data) is bytes else bytearray), (pickle.PickleBuffer(self.data),)
+
+
+def _swap_bytes(x: Any) -> Any:
+    t = type(x)
+    if t is bytes or t is bytearray:
+        return _Bytes(x) if len(x) >= _LARGE else x
+    if t is list or t is tuple:
+        y = [_swap_bytes(v) for v in x]
+        return x if all(a is b for a, b in zip(x, y)) else t(y)
+    if t is dict:
+        y = {k: _swap_bytes(v) for k, v in x.items()}
+        return x if all(y[k] is v for k, v in x.items()) else y
+    return x
 
 
 def _address(m: memoryview) -> int:
@@ -117,13 +138,14 @@ def dump_chunk(items: list, job: JobSlot | None) -> tuple[bytes, list[tuple[int,
     def place(pb: pickle.PickleBuffer) -> bool:
         m = pb.raw()
         n = m.nbytes
+        if job is not None and n:
+            addr = _address(m)
+            if job.start <= addr and addr + n <= job.start + len(job.view):  # made by lazyseq.empty()
+                table.append((addr - job.start, n))
+                return False
         needed[0] += n + 64
         if job is None or n == 0:
             return True
-        addr = _address(m)
-        if job.start <= addr and addr + n <= job.start + len(job.view):  # made by lazyseq.empty()
-            table.append((addr - job.start, n))
-            return False
         off = job.reserve(n)
         if off is None:
             return True  # does not fit: this buffer travels in-band, through the pipe
@@ -132,8 +154,9 @@ def dump_chunk(items: list, job: JobSlot | None) -> tuple[bytes, list[tuple[int,
         return False
 
     f = io.BytesIO()
+    items = [_swap_bytes(x) for x in items]
     try:
-        _Pickler(f, protocol=5, buffer_callback=place).dump(items)
+        pickle.Pickler(f, protocol=5, buffer_callback=place).dump(items)
     except Exception:
         # Some item cannot be pickled: name it, send the others.
         table.clear()
@@ -141,7 +164,7 @@ def dump_chunk(items: list, job: JobSlot | None) -> tuple[bytes, list[tuple[int,
             job.offset = base
         items = [x if _can_pickle(x) else ItemError(i, _unpicklable(x)) for i, x in enumerate(items)]
         f = io.BytesIO()
-        _Pickler(f, protocol=5, buffer_callback=place).dump(items)
+        pickle.Pickler(f, protocol=5, buffer_callback=place).dump(items)
     return f.getvalue(), table, needed[0]
 
 
