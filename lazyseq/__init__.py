@@ -6,6 +6,7 @@ The API is a superset of seqtools' (``import lazyseq as seqtools`` works).
 
 from . import instrument
 from .base import View
+from .dataloader import DataLoader, default_collate
 from .errors import EvaluationError, PrefetchClosed, PrefetchTimeout, WorkerCrashed, WorkerStartError, seterr
 from .prefetch import empty, empty_like, prefetch
 from .views.caching import add_cache
@@ -16,6 +17,7 @@ from .views.shape import Pad, batch, collate, concatenate, split, unbatch
 __version__ = "0.1.0"
 
 __all__ = [
+    "DataLoader", "default_collate",
     "EvaluationError", "Pad", "PrefetchClosed", "PrefetchTimeout", "View", "WorkerCrashed",
     "WorkerStartError", "add_cache", "arange", "batch", "case", "collate", "concatenate", "cycle", "empty",
     "empty_like", "gather", "instrument", "interleave", "prefetch", "repeat", "seterr", "shard", "shuffle",

@@ -1,0 +1,173 @@
+import collections
+import itertools
+
+import numpy as np
+import pytest
+
+import lazyseq as ls
+
+Sample = collections.namedtuple("Sample", "image label")
+
+
+def make_data(n=37):
+    return [Sample(np.full((2, 3), i, np.float32), i) for i in range(n)]
+
+
+def labels(batches):
+    return [[int(x) for x in b.label] for b in batches]
+
+
+def plain(data, bs, drop_last=False):
+    out = [data[i : i + bs] for i in range(0, len(data), bs)]
+    return [[s.label for s in b] for b in out if len(b) == bs or not drop_last]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_values_and_order_match_a_plain_loop(workers):
+    data = make_data()
+    with ls.DataLoader(data, batch_size=5, num_workers=workers, to_tensor=False) as loader:
+        batches = list(loader)
+    assert labels(batches) == plain(data, 5)
+    assert all(isinstance(b, Sample) and b.image.shape == (len(b.label), 2, 3) for b in batches)
+    assert all((b.image[:, 0, 0] == b.label).all() for b in batches)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_len_is_torchs(drop_last):
+    for n, bs in [(37, 5), (40, 5), (3, 5), (0, 4)]:
+        loader = ls.DataLoader(list(range(n)), batch_size=bs, drop_last=drop_last, to_tensor=False)
+        assert len(loader) == (n // bs if drop_last else -(-n // bs)) == len(list(loader))
+    assert len(ls.DataLoader(list(range(7)), batch_size=None, to_tensor=False)) == 7
+
+
+def test_shuffle_is_deterministic_covers_and_changes_per_epoch():
+    data = list(range(50))
+    loader = ls.DataLoader(data, batch_size=8, shuffle=True, seed=3, to_tensor=False)
+    e0, e1 = [list(b) for b in loader], [list(b) for b in loader]  # iterating again: the next epoch
+    assert sorted(itertools.chain(*e0)) == data == sorted(itertools.chain(*e1))
+    assert e0 != e1 and loader.epoch == 2
+    again = ls.DataLoader(data, batch_size=8, shuffle=True, seed=3, to_tensor=False)
+    assert [list(b) for b in again] == e0
+    again.set_epoch(1)
+    assert [list(b) for b in again] == e1
+    assert [list(b) for b in ls.DataLoader(data, batch_size=8, shuffle=True, seed=4, to_tensor=False)] != e0
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_are_disjoint_and_cover_the_epoch(world_size, drop_last):
+    data = list(range(41))
+    parts = []
+    for rank in range(world_size):
+        loader = ls.DataLoader(data, batch_size=4, shuffle=True, seed=1, rank=rank, world_size=world_size,
+                               drop_last=drop_last, to_tensor=False)
+        loader.set_epoch(5)
+        parts.append([int(x) for b in loader for x in b])
+    flat = list(itertools.chain(*parts))
+    assert len(flat) == len(set(flat))
+    if drop_last:
+        per_rank = 41 // world_size // 4 * 4
+        assert all(len(p) == per_rank for p in parts)
+    else:
+        assert sorted(flat) == data
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_after_every_batch_position(workers):
+    data = list(range(23))
+    ref = ls.DataLoader(data, batch_size=4, shuffle=True, seed=9, to_tensor=False)
+    epochs = [[list(b) for b in ref] for _ in range(2)]
+    flat = epochs[0] + epochs[1]
+    for k in range(len(flat)):
+        loader = ls.DataLoader(data, batch_size=4, shuffle=True, seed=9, num_workers=workers, to_tensor=False)
+        seen, it = [], iter(loader)
+        while len(seen) < k:
+            try:
+                seen.append(list(next(it)))
+            except StopIteration:
+                it = iter(loader)
+        state = loader.state_dict()
+        it.close()
+        loader.close()
+        resumed = ls.DataLoader(data, batch_size=4, shuffle=True, seed=0, num_workers=workers, to_tensor=False)
+        resumed.load_state_dict(state)
+        rest = [list(b) for b in resumed]
+        assert seen + rest == flat[: len(seen) + len(rest)] and len(rest) > 0
+        resumed.close()
+        if workers and k > 3:
+            break  # with workers, a few positions are enough
+
+
+def test_persistent_workers_keep_their_processes():
+    data = make_data(30)
+    with ls.DataLoader(data, batch_size=4, shuffle=True, seed=0, num_workers=2, persistent_workers=True,
+                       to_tensor=False) as loader:
+        e0 = labels(loader)
+        pids = loader.stats()["worker_pids"]
+        e1 = labels(loader)
+        assert loader.stats()["worker_pids"] == pids and len(pids) == 2
+    ref = ls.DataLoader(data, batch_size=4, shuffle=True, seed=0, to_tensor=False)
+    assert [e0, e1] == [labels(ref), labels(ref)]
+
+
+def test_collate_writes_batches_into_shared_memory_and_sizes_it():
+    data = [np.full((64, 64), i, np.float32) for i in range(40)]
+    with ls.DataLoader(data, batch_size=8, num_workers=2, to_tensor=False) as loader:
+        it = iter(loader)
+        first = next(it)
+        stats = loader.stats()
+        rest = list(it)
+    assert (first[:, 0, 0] == np.arange(8)).all() and len(rest) == 4
+    assert "sized from the first sample" in stats["shm"]
+    p = stats["prefetch"]
+    assert p["bytes_shm"] >= 8 * 64 * 64 * 4 and p["bytes_pipe"] < 8 * 64 * 64 * 4 / 10 and p["fallbacks"] == 0
+
+
+def test_default_collate_nests():
+    b = ls.default_collate([{"x": (np.zeros(2), 1.0), "s": "a"}, {"x": (np.ones(2), 2.0), "s": "b"}])
+    assert b["x"][0].shape == (2, 2) and list(b["x"][1]) == [1.0, 2.0] and b["s"] == ["a", "b"]
+    with pytest.raises(ValueError, match="shape"):
+        ls.default_collate([np.zeros(2), np.zeros(3)])
+
+
+def test_sampler_batch_sampler_and_no_batching():
+    data = list(range(10))
+    assert [list(b) for b in ls.DataLoader(data, batch_size=3, sampler=[9, 8, 7, 1], to_tensor=False)] == [[9, 8, 7], [1]]
+    bs = [[0, 1], [5, 6, 7], [2]]
+    assert [list(b) for b in ls.DataLoader(data, batch_sampler=bs, to_tensor=False)] == bs
+    assert [list(b) for b in ls.DataLoader(data, batch_sampler=bs, num_workers=2, to_tensor=False)] == bs
+    assert list(ls.DataLoader(data, batch_size=None, to_tensor=False)) == data
+    assert len(ls.DataLoader(data, batch_sampler=bs)) == 3
+
+
+def test_make_sequence_reads_any_batch():
+    data = list(range(100))
+    loader = ls.DataLoader(data, batch_size=10, shuffle=True, seed=2, to_tensor=False)
+    seq = loader.make_sequence(epoch=3)
+    loader.set_epoch(3)
+    assert [list(b) for b in loader] == [list(seq[i]) for i in range(10)]
+    assert list(seq[-1]) == list(seq[9])
+
+
+TORCH_ERRORS = [
+    (dict(num_workers=-1), "num_workers option should be non-negative"),
+    (dict(timeout=-1), "timeout option should be non-negative"),
+    (dict(prefetch_factor=2), "prefetch_factor option could only be specified in multiprocessing"),
+    (dict(num_workers=2, prefetch_factor=-1), "prefetch_factor option should be non-negative"),
+    (dict(persistent_workers=True), "persistent_workers option needs num_workers > 0"),
+    (dict(sampler=[0, 1], shuffle=True), "sampler option is mutually exclusive with shuffle"),
+    (dict(batch_sampler=[[0]], batch_size=2), "batch_sampler option is mutually exclusive"),
+    (dict(batch_sampler=[[0]], drop_last=True), "batch_sampler option is mutually exclusive"),
+    (dict(batch_size=None, drop_last=True), "batch_size=None option disables auto-batching"),
+    (dict(multiprocessing_context="fork"), "multiprocessing_context can only be used with multi-process loading"),
+    (dict(num_workers=1, multiprocessing_context="nope"), "multiprocessing_context option should specify a valid start"),
+]
+
+
+@pytest.mark.parametrize("kwargs,message", TORCH_ERRORS)
+def test_wrong_arguments_raise_torchs_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        ls.DataLoader(list(range(4)), **kwargs)
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        torch.utils.data.DataLoader(list(range(4)), **kwargs)
