@@ -398,3 +398,32 @@ def test_stats_count_what_happened():
         s = p.stats()
     assert s["items"] == 50 and s["jobs"] >= 1 and s["bytes_shm"] == 50 * 800
     assert {"fallbacks", "waits", "wait_seconds", "chunk", "slot_size", "slots_free", "nworkers"} <= s.keys()
+
+
+def test_a_failed_process_start_cleans_up_what_it_started(monkeypatch):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    started = []
+    real_start = ctx.Process.start
+
+    def start(self):
+        if started:
+            raise OSError("fork: resource temporarily unavailable")
+        real_start(self)
+        started.append(self.pid)
+
+    monkeypatch.setattr(ctx.Process, "start", start)
+    with pytest.raises(OSError, match="resource temporarily"):
+        ls.prefetch(range(10), 3, "process", mp_context=ctx, shm_size=1 << 16)
+    assert len(started) == 1 and not alive(started[0])
+
+
+def test_infinite_sources():
+    import itertools
+
+    with mk(ls.smap(square, ls.cycle([1, 2, 3])), "process") as p:
+        assert list(itertools.islice(p, 7)) == [1, 4, 9, 1, 4, 9, 1]
+        assert p[100] == 4 and list(p[5:9]) == [9, 1, 4, 9]
+        with pytest.raises(TypeError):
+            len(p)
