@@ -9,6 +9,7 @@ from .base import View
 from .dataloader import DataLoader, default_collate
 from .errors import EvaluationError, PrefetchClosed, PrefetchTimeout, WorkerCrashed, WorkerStartError, seterr
 from .prefetch import empty, empty_like, prefetch
+from .tensor import to_tensor
 from .views.caching import add_cache
 from .views.indexing import arange, case, cycle, gather, interleave, repeat, shard, shuffle, switch, take, uniter
 from .views.mapping import smap, starmap
@@ -17,7 +18,7 @@ from .views.shape import Pad, batch, collate, concatenate, split, unbatch
 __version__ = "0.1.0"
 
 __all__ = [
-    "DataLoader", "default_collate",
+    "DataLoader", "default_collate", "to_tensor",
     "EvaluationError", "Pad", "PrefetchClosed", "PrefetchTimeout", "View", "WorkerCrashed",
     "WorkerStartError", "add_cache", "arange", "batch", "case", "collate", "concatenate", "cycle", "empty",
     "empty_like", "gather", "instrument", "interleave", "prefetch", "repeat", "seterr", "shard", "shuffle",

@@ -391,6 +391,7 @@ class _BatchReader:
 class _ToTensor:
     def __init__(self, fn: Callable, device: str | None):
         self.fn, self.device = fn, device
+        self.__qualname__ = "to_tensor" if device is None else f"to_tensor[{device}]"  # for repr trees
 
     def __call__(self, x: Any) -> Any:
         return self.fn(x, device=self.device)

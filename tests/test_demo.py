@@ -1,19 +1,38 @@
-"""``python -m lazyseq.demo`` (the README's first command) runs and shows its pipeline."""
+"""``python -m lazyseq.demo`` (the README's first command) trains and learns; ``lazyseq.tour`` runs."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_demo_runs():
+def run_module(name: str, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    proc = subprocess.run(
-        [sys.executable, "-m", "lazyseq.demo"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
+    return subprocess.run([sys.executable, "-m", name, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_demo_trains_a_tinygrad_model_that_learns():
+    pytest.importorskip("tinygrad")
+    pytest.importorskip("sklearn")
+    proc = run_module("lazyseq.demo")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "prefetch(2 processes" in out and "batch(32, drop_last" in out  # the pipeline it runs
+    accuracy = float(re.search(r"test accuracy: ([0-9.]+)%", out).group(1))
+    assert accuracy > 90, out
+    assert "epoch 8/8" in proc.stderr  # tqdm's bars
+    assert "0 fallbacks" in out
+
+
+def test_tour_runs():
+    proc = run_module("lazyseq.tour")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "images[12345]" in out
@@ -26,8 +45,6 @@ def test_demo_runs():
 def test_readme_examples_are_doctested():
     """pytest collects *.md under docs/ only: every python example of the README must appear
     verbatim in docs/index.md, where it runs as a doctest."""
-    import re
-
     readme = (ROOT / "README.md").read_text()
     index = (ROOT / "docs" / "index.md").read_text()
     blocks = re.findall(r"```python\n.*?```", readme, re.S)

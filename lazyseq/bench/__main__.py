@@ -7,7 +7,7 @@ import importlib
 import json
 import sys
 
-SCENARIOS = {"views": "lazyseq.bench.views", "prefetch": "lazyseq.bench.prefetch"}
+SCENARIOS = {"views": "lazyseq.bench.views", "prefetch": "lazyseq.bench.prefetch", "tensor": "lazyseq.bench.tensor"}
 
 
 def main(argv: list[str] | None = None) -> int:
