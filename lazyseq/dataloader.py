@@ -100,14 +100,15 @@ class _Epochs(View):
 
 
 class _WorkerInit:
-    """Seeds ``random`` and ``numpy.random`` differently in every worker (torch leaves numpy
-    alone, so forked workers repeat each other's augmentations), then calls worker_init_fn."""
+    """Seeds ``random`` and ``numpy.random`` in every worker from (seed, rank, epoch, worker), so
+    workers, ranks and epochs draw different augmentations (torch leaves numpy alone, so forked
+    workers repeat each other's), then calls worker_init_fn."""
 
-    def __init__(self, seed: int, fn: Callable | None):
-        self.seed, self.fn = seed, fn
+    def __init__(self, seed: int, rank: int, epoch: int, fn: Callable | None):
+        self.seed, self.rank, self.epoch, self.fn = seed, rank, epoch, fn
 
     def __call__(self, worker: int) -> None:
-        s = (self.seed + worker) % 2**32
+        s = int(np.random.SeedSequence([self.seed, self.rank, self.epoch, worker]).generate_state(1)[0])
         random.seed(s)
         np.random.seed(s)
         if self.fn is not None:
@@ -202,7 +203,8 @@ class DataLoader:
         self.epoch, self._batch = 0, 0  # the epoch and batch the next iteration starts at
         self._persistent: Prefetch | None = None
         self._open: list[Prefetch] = []
-        self._shm_note = "no process workers" if num_workers == 0 else "not sized yet"
+        self._shm_note = ("no process workers" if num_workers == 0 else "not sized yet" if shm_size is None
+                          else f"given: shm_size={shm_size}")
 
     # -- the pipeline ----------------------------------------------------------------------------
     def _custom_order(self) -> bool:
@@ -221,12 +223,13 @@ class DataLoader:
             return n
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
-    def _prefetch(self, seq: View) -> Prefetch:
+    def _prefetch(self, seq: View, epoch: int) -> Prefetch:
         shm = self.shm_size
-        if shm is None:
-            shm = self._size_shm()
+        if shm is None:  # sized once, from the first sample; later epochs reuse the size
+            shm = getattr(self, "shm_size_used", None) or self._size_shm()
         return prefetch(seq, self.num_workers, "process", self.num_workers * self.prefetch_factor + 1,
-                        _WorkerInit(self.seed, self.worker_init_fn), shm, mp_context=self.multiprocessing_context,
+                        _WorkerInit(self.seed, self.rank, epoch, self.worker_init_fn), shm,
+                        mp_context=self.multiprocessing_context,
                         timeout=self.timeout or None, lazy_start=True)
 
     def _size_shm(self) -> int:
@@ -243,11 +246,13 @@ class DataLoader:
     def make_sequence(self, epoch: int | None = None) -> View:
         """The pipeline of one epoch (default: the next one) as a lazy sequence of batches, so any
         batch can be read directly: ``loader.make_sequence()[1234]``. With workers it contains a
-        prefetch: close it (``with``, or ``seq.close()`` on the prefetch) when done."""
+        prefetch, whose workers start at the first read: ``loader.close()`` (or leaving the loader's
+        ``with`` block) stops them."""
         e = self.epoch if epoch is None else epoch
         seq: View = self._plan()(e)
         if self.num_workers > 0:
-            seq = self._prefetch(seq)
+            seq = self._prefetch(seq, e)
+            self._open.append(seq)  # closed by loader.close() (or leaving its with block)
         if self.to_tensor:
             from .tensor import to_tensor
 
@@ -274,12 +279,12 @@ class DataLoader:
             seq: Any = batches
         elif self.persistent_workers and not self._custom_order():
             if self._persistent is None:
-                self._persistent = self._prefetch(_Epochs(plan, nb))
+                self._persistent = self._prefetch(_Epochs(plan, nb), epoch)
             seq = self._persistent[epoch * nb : (epoch + 1) * nb]
         else:
             if self.persistent_workers:
                 self._warn_custom_order()
-            seq = self._prefetch(batches)
+            seq = self._prefetch(batches, epoch)
             self._open.append(seq)
         convert = None
         if self.to_tensor:

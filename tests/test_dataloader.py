@@ -1,5 +1,6 @@
 import collections
 import itertools
+import warnings
 
 import numpy as np
 import pytest
@@ -171,3 +172,71 @@ def test_wrong_arguments_raise_torchs_errors(kwargs, message):
     torch = pytest.importorskip("torch")
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         torch.utils.data.DataLoader(list(range(4)), **kwargs)
+
+
+# -- batches as tinygrad Tensors ------------------------------------------------------------------------
+def image_data(n=23):
+    rng = np.random.default_rng(0)
+    return [(rng.standard_normal((3, 4, 5)).astype(np.float32), i * 7) for i in range(n)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_tinygrad_batches_match_the_numpy_batches(workers):
+    tinygrad = pytest.importorskip("tinygrad")
+    data = image_data()
+    kw = dict(batch_size=4, shuffle=True, seed=5, num_workers=workers)
+    with ls.DataLoader(data, to_tensor=False, **kw) as ref:
+        want = [(x.copy(), y.copy()) for x, y in ref]  # copies: the slots go back to the workers
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no slot held by a Tensor: no fallback to the pipe
+        with ls.DataLoader(data, **kw) as loader:
+            got = list(loader)  # all kept: more batches than slots, each Tensor holds its own copy
+    assert len(got) == len(want) == 6
+    for (x, y), (wx, wy) in zip(got, want):
+        assert isinstance(x, tinygrad.Tensor) and isinstance(y, tinygrad.Tensor)
+        assert x.shape == wx.shape == (len(wy), 3, 4, 5) and y.shape == wy.shape
+        assert x.dtype == tinygrad.dtypes.float32 and y.dtype == tinygrad.dtypes.int64
+        np.testing.assert_array_equal(x.numpy(), wx)
+        assert y.numpy().tolist() == wy.tolist()
+    assert sorted(v for _, y in got for v in y.tolist()) == [i * 7 for i in range(23)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_tinygrad_batches_on_device_cpu(workers):
+    tinygrad = pytest.importorskip("tinygrad")
+    data = make_data(10)
+    with ls.DataLoader(data, batch_size=4, num_workers=workers, device="CPU") as loader:
+        batches = list(loader)
+        seq = loader.make_sequence(epoch=0)
+        last = seq[-1]
+        del seq  # with workers: the prefetch inside stops when it is collected
+    assert [len(b.label.tolist()) for b in batches] == [4, 4, 2]
+    for k, b in enumerate(batches):
+        assert isinstance(b, Sample)  # the namedtuple is kept
+        assert b.image.device == "CPU" and b.label.device == "CPU"
+        assert b.image.dtype == tinygrad.dtypes.float32 and b.image.shape == (len(b.label.tolist()), 2, 3)
+        assert (b.image.numpy()[:, 0, 0] == np.arange(4 * k, 4 * k + len(b.label.tolist()))).all()
+    assert last.image.device == "CPU" and last.label.tolist() == [8, 9]
+
+
+def test_workers_draw_different_random_numbers_per_epoch_and_rank():
+    data = ls.smap(lambda i: np.random.random(), range(8))
+    with ls.DataLoader(data, batch_size=2, num_workers=2, seed=0, to_tensor=False) as loader:
+        e0, e1 = [b.tolist() for b in loader], [b.tolist() for b in loader]
+    assert e0 != e1 and len(set(np.ravel(e0))) == 8
+    ranks = []
+    for rank in range(2):
+        with ls.DataLoader(data, batch_size=2, num_workers=2, seed=0, rank=rank, world_size=2, to_tensor=False) as loader:
+            ranks.append([b.tolist() for b in loader])
+    assert ranks[0] != ranks[1]
+
+
+def test_make_sequence_workers_stop_with_the_loader():
+    with ls.DataLoader(list(range(40)), batch_size=4, num_workers=2, to_tensor=False) as loader:
+        seq = loader.make_sequence()
+        assert list(seq[3]) == [12, 13, 14, 15]
+        pids = seq.worker_pids()
+        assert len(pids) == 2
+    assert loader.stats()["shm"].startswith("sized from the first sample")
+    with pytest.raises(ls.PrefetchClosed):
+        seq[0]

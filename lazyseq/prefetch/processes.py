@@ -72,10 +72,15 @@ def worker_main(index: int, conn: connection.Connection, seq: Any, start_hook: A
         if start_hook is not None:
             start_hook(index)
     except BaseException as e:
-        err = wire.ItemError(-1, e)
-        conn.send_bytes(wire.encode(-1, wire.START_FAILED, cloudpickle.dumps(err)))
+        try:
+            conn.send_bytes(wire.encode(-1, wire.START_FAILED, cloudpickle.dumps(wire.ItemError(-1, e))))
+        except OSError:
+            pass
         return
-    conn.send_bytes(wire.encode(-1, wire.READY, struct.pack("<q", os.getpid())))
+    try:
+        conn.send_bytes(wire.encode(-1, wire.READY, struct.pack("<q", os.getpid())))
+    except OSError:  # the reader closed us already
+        return
     base = memory.ctypes.data
     while True:
         try:
