@@ -7,7 +7,8 @@ import importlib
 import json
 import sys
 
-SCENARIOS = {"views": "lazyseq.bench.views", "prefetch": "lazyseq.bench.prefetch", "tensor": "lazyseq.bench.tensor"}
+SCENARIOS = {"views": "lazyseq.bench.views", "prefetch": "lazyseq.bench.prefetch", "tensor": "lazyseq.bench.tensor",
+             "dataloader": "lazyseq.bench.dataloader"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,22 @@ _CHUNK_MAX = 1024
 _CHUNK_SECONDS = 0.004  # a chunk worth about this much work keeps the reader fed without stalls
 
 
+def _cache_budget() -> int:
+    """Bytes of results to keep ahead of the reader: half the last-level cache. Items computed
+    further ahead have left the cache when the reader gets to them (measured: 4 MiB items, ten
+    ahead, cost the reader 1.5x the CPU of three ahead)."""
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cache/index3/size") as f:
+            text = f.read().strip().upper()
+        size = int(text.rstrip("KMG")) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
+    except (OSError, ValueError):
+        size = 32 << 20
+    return max(size // 2, 4 << 20)
+
+
+_BUDGET = _cache_budget()
+
+
 class _Machinery:
     """What must be stopped when the prefetch goes away (held by its finalizer, not by it)."""
 
@@ -249,8 +265,11 @@ class Prefetch(View):
         pool = self._m.pool
         shm = pool is not None and pool.nslots > 0
         while len(self._jobs) < self._ramp:
-            if (self._front - self._pos) // self._stride >= self._horizon():
+            ahead = (self._front - self._pos) // self._stride
+            if ahead >= self._horizon():
                 return
+            if self._item_bytes and len(self._jobs) >= self.nworkers and ahead * self._item_bytes > _BUDGET:
+                return  # enough bytes ahead: more would be out of the cache when read
             rest = self._bound()
             count = self._chunk if rest is None else min(self._chunk, len(rest))
             if count <= 0:
@@ -304,6 +323,7 @@ class Prefetch(View):
                                           f"({self.describe()})", i)
                 self._collect(self._m.backend.poll(left))
                 self._m.backend.check()
+                self._schedule()  # jobs finished while waiting: keep the workers fed
             return self._ready.pop(i)
         finally:
             self._stats["wait_seconds"] += time.monotonic() - t0

@@ -58,6 +58,11 @@ def worker_main(index: int, conn: connection.Connection, seq: Any, start_hook: A
     """A worker's life: rebuild the pipeline, run start_hook, then answer job records until the
     reader closes the pipe or its process disappears."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle; it stops us
+    if hasattr(os, "SCHED_BATCH"):  # a job record should not hand the reader's core to a worker
+        try:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        except OSError:
+            pass
     for fd in close_fds:
         try:
             os.close(fd)

@@ -1,0 +1,49 @@
+"""The benchmarks run end to end (``--quick``) and write the JSON they promise; peers that are not
+installed (seqtools, torch) are skipped by the benchmark itself."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+# Runs the bench as `python -m lazyseq.bench` does, with the peers made unimportable.
+HIDE_PEERS = ("import sys; sys.modules['seqtools'] = sys.modules['torch'] = None; "
+              "from lazyseq.bench.__main__ import main; sys.exit(main(sys.argv[1:]))")
+
+
+def run_bench(scenario: str, tmp_path, hide_peers: bool = False) -> dict:
+    out = tmp_path / f"{scenario}.json"
+    head = ["-c", HIDE_PEERS] if hide_peers else ["-m", "lazyseq.bench"]
+    proc = subprocess.run([sys.executable, *head, scenario, "--quick", "--json", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(out.read_text())
+
+
+def test_bench_views(tmp_path):
+    res = run_bench("views", tmp_path)
+    assert res["scenario"] == "views"
+    assert {"hand-written", "lazyseq"} <= set(res["us_per_read"]) == set(res["ratio_to_hand"])
+
+
+@pytest.mark.parametrize("hide_peers", [False, True], ids=["installed-peers", "no-peers"])
+def test_bench_prefetch(tmp_path, hide_peers):
+    res = run_bench("prefetch", tmp_path, hide_peers)
+    assert res["scenario"] == "prefetch" and res["quick"] is True
+    assert set(res["peers"]) | set(res["skipped"]) == {"seqtools", "torch"}
+    if hide_peers:
+        assert res["peers"] == []
+    assert {"large", "tiny", "compute", "startup", "targets"} <= set(res)
+    assert {"lazyseq copy", "lazyseq empty"} <= set(res["large"]["gb_per_s"])
+    assert "lazyseq" in res["tiny"]["us_per_item"]
+    assert {"plain loop", "lazyseq"} <= set(res["compute"]["items_per_s"])
+    assert {"lazyseq", "lazyseq shm"} <= set(res["startup"]["ms"])
+    for peer in res["peers"]:  # an installed peer is measured in every scenario
+        assert any(k.startswith(peer) for k in res["large"]["gb_per_s"])
+        assert peer in res["tiny"]["us_per_item"] and peer in res["compute"]["items_per_s"]
+        assert peer in res["startup"]["ms"]
+    assert set(res["targets"]) == {"large_copy_vs_seqtools_shm", "large_copy_vs_torch", "large_empty_vs_seqtools_shm",
+                                   "tiny_us_per_item", "compute_vs_plain_loop", "startup_ms"}
+    for t in res["targets"].values():
+        assert {"value", "target", "met"} <= set(t)
