@@ -279,8 +279,6 @@ class _UnsizedReader:
     def __call__(self, i: int) -> Any:
         try:
             return self.src[i]
-        except Exhausted:
-            raise
         except IndexError as e:
             raise Exhausted(*e.args) from None
 

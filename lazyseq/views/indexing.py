@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import View, check_source, compose, gather, is_finite, length, read_many, reader, take
+from ..base import Exhausted, View, check_source, compose, gather, is_finite, length, read_many, reader, take
 
 __all__ = ["gather", "take", "arange", "cycle", "repeat", "interleave", "switch", "case", "uniter",
            "shuffle", "shard"]
@@ -338,7 +338,7 @@ class Uniter(View):
                     c.cache.append(next(c.it))
                     c.next += 1
             except StopIteration:
-                raise IndexError(f"index {i} is past the end of uniter: the iterable ended after "
+                raise Exhausted(f"index {i} is past the end of uniter: the iterable ended after "
                                  f"{c.next} items" + (f" (size={self.size} was given)" if self.size else "")) from None
             return c.cache[-1]
 

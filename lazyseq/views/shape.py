@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ..base import Slice, View, check_source, fname, is_finite, length, read_many, reader
+from ..base import Exhausted, Slice, View, check_source, fname, is_finite, length, read_many, reader
 from ..errors import wrap_error
 
 __all__ = ["Pad", "batch", "unbatch", "collate", "concatenate", "split"]
@@ -72,7 +72,10 @@ class Batch(View):
             n = len(self.src)
             if stop > n:
                 stop = n
-        items = self.src._get_many(range(start, stop)) if self._srcview else list(map(self._rd, range(start, stop)))
+            items = self.src._get_many(range(start, stop)) if self._srcview else list(map(self._rd, range(start, stop)))
+        else:
+            items = self._get_unsized(start, stop)
+            stop = start + len(items)
         if self.padded and stop - start < k:
             items.extend([self.pad] * (k - (stop - start)))
         if self.collate_fn is None:
@@ -81,6 +84,17 @@ class Batch(View):
             return self.collate_fn(items)
         except Exception as e:
             raise wrap_error(e, i, self)  # noqa: B904
+
+    def _get_unsized(self, start: int, stop: int) -> list:
+        """The items of a batch of a source of unknown size: the last batch may be short."""
+        items, rd = [], self._rd
+        try:
+            for j in range(start, stop):
+                items.append(rd(j))
+        except Exhausted:
+            if not items or self.drop_last:
+                raise
+        return items
 
     def _set(self, i: int, value: Any) -> None:
         start, stop = self._bounds(i)
@@ -162,7 +176,13 @@ class Unbatch(View):
     def _set(self, i: int, value: Any) -> None:
         b, j = divmod(i, self.batch_size)
         src = self.src
-        (src._part(b) if isinstance(src, (Batch, Split)) else src[b])[j] = value
+        if isinstance(src, (Batch, Split)):
+            src._part(b)[j] = value
+        elif isinstance(src, View):  # its batches may be computed (copies): a write would be lost
+            raise TypeError(f"{self.describe()} writes only through batch(...) or split(...) or a stored "
+                            f"sequence of batches, not {src.describe()}: write to the source instead")
+        else:
+            src[b][j] = value
 
     def describe(self) -> str:
         return f"unbatch({self.batch_size})"
@@ -292,7 +312,7 @@ class Split(View):
     def __init__(self, seq: Any, edges: Any):
         self.src = check_source(seq, "split")
         n = len(seq)
-        if isinstance(edges, int) or hasattr(edges, "__index__"):
+        if not hasattr(edges, "__len__"):  # an int (a numpy array has __index__ too)
             parts = operator.index(edges) + 1
             if parts < 1 or n % parts:
                 raise ValueError(f"split: {parts - 1} cuts give {parts} parts, which must divide the length {n}")
@@ -302,12 +322,12 @@ class Split(View):
             self.starts, self.stops = [], []
             for e in edges:  # cut points: the start and the end are implicit
                 start = self.stops[-1] if self.stops else 0
-                self.starts.append(max(0, min(start, n - 1)))
+                self.starts.append(start)  # already clipped: the previous stop
                 self.stops.append(max(0, min(operator.index(e), n)))
             self.starts.append(self.stops[-1])
             self.stops.append(n)
         else:
-            self.starts = [max(0, min(operator.index(a), n - 1)) for a, _ in edges]
+            self.starts = [max(0, min(operator.index(a), n)) for a, _ in edges]
             self.stops = [max(0, min(operator.index(b), n)) for _, b in edges]
 
     def __len__(self) -> int:
@@ -336,6 +356,8 @@ def split(seq: Any, edges: Any) -> View:
 
     ``edges`` is an int (that many cuts into equal parts, which must divide ``len(seq)``), a list
     of cut positions (the start and the end are implicit), or a list of ``(start, stop)`` pairs.
+    Positions are clipped to ``[0, len(seq)]`` (seqtools clipped starts to ``len(seq) - 1``, so a
+    part starting at the end held the last item again).
 
     >>> import lazyseq
     >>> data = ['aa', 'ab', 'ac', 'ad', 'ba', 'bb', 'ca', 'cb', 'cc', 'cd']
