@@ -316,6 +316,27 @@ def is_finite(src: Any) -> bool:
     return src.finite if isinstance(src, View) else hasattr(src, "__len__")
 
 
+class Routed(View):
+    """A view whose item ``i`` is item ``j`` of sequence ``k`` of ``seqs``, for ``(k, j) = _where(i)``."""
+
+    seqs: tuple
+    _rds: tuple
+
+    def _where(self, i: int) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def _get(self, i: int) -> Any:
+        k, j = self._where(i)
+        return self._rds[k](j)
+
+    def _set(self, i: int, value: Any) -> None:
+        k, j = self._where(i)
+        self.seqs[k][j] = value
+
+    def children(self) -> tuple:
+        return self.seqs
+
+
 # -- slices ----------------------------------------------------------------------------------------
 class Slice(View):
     """Items ``r`` (a range) of ``src``; slices of slices fold into one range."""
@@ -461,6 +482,9 @@ class Gather(View):
 
     def _set(self, i: int, value: Any) -> None:
         self.src[self._index(self._ird(i))] = value
+
+    def children(self) -> tuple:
+        return (self.src, self.indexes) if isinstance(self.indexes, View) else (self.src,)
 
     def describe(self) -> str:
         n = length(self.indexes)

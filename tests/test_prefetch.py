@@ -427,3 +427,12 @@ def test_infinite_sources():
         assert p[100] == 4 and list(p[5:9]) == [9, 1, 4, 9]
         with pytest.raises(TypeError):
             len(p)
+
+
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_sources_of_unknown_size_end_iteration(method):
+    p = mk(ls.smap(lambda x: x + 1, ls.uniter(list(range(25)))), method)
+    assert list(p) == list(range(1, 26))
+    with pytest.raises(IndexError):
+        p[30]
+    p.close()

@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..base import View, check_source, is_finite, length
+from ..base import Exhausted, View, check_source, is_finite, length
 from ..errors import EvaluationError, PrefetchClosed, PrefetchTimeout, passthrough, wrap_error
 from . import wire
 from .processes import _PARENT_FDS, ProcessBackend
@@ -97,6 +97,7 @@ class Prefetch(View):
         self._next_job, self._gen = 0, 0
         self._pos, self._stride, self._front, self._delta, self._origin = 0, 1, 0, 0, 0
         self._skips: list[tuple[int, int]] = []  # spans (in strides from _origin) kept over a jump
+        self._end: int | None = None  # where a source of unknown size was found to end
         self._last: tuple[int, Any] | None = None
         self._chunk, self._item_seconds, self._item_bytes, self._ramp = 1, 0.0, 0, self.max_buffered
         self._warned: set[str] = set()
@@ -188,6 +189,8 @@ class Prefetch(View):
         if type(value) is not wire.ItemError:
             return value
         err = value.rebuild()
+        if isinstance(err, Exhausted):  # a source of unknown size ended: iteration stops here
+            raise err
         if passthrough():
             raise (err.__cause__ if isinstance(err, EvaluationError) and err.__cause__ is not None
                    and not isinstance(err.__cause__, wire.RemoteTraceback) else err)
@@ -255,7 +258,7 @@ class Prefetch(View):
 
     def _bound(self) -> range | None:
         """The indices still to schedule from the front, in stride order (None: unbounded)."""
-        n = length(self.src)
+        n = length(self.src) if self._end is None else self._end
         s = self._stride
         if s > 0:
             return range(self._front, n, s) if n is not None else None
@@ -368,6 +371,9 @@ class Prefetch(View):
             else:
                 self._adapt(len(r), seconds, 0)
             self._stats["items"] += len(r)
+            last = items[-1] if items else None
+            if type(last) is wire.ItemError and isinstance(last.error, Exhausted):
+                self._end = min(last.index, self._end if self._end is not None else last.index)
             if gen == self._gen:
                 self._ready.update(zip(r, items))
             else:

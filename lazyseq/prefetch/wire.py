@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import View
+from ..base import Exhausted, View
 from .slots import JobSlot
 
 JOB = struct.Struct("<qqqqq")  # job id, first index, step, count, slot (-1: no slot)
@@ -80,9 +80,12 @@ def evaluate(seq: Any, idx: range, portable: bool = True) -> list:
     except BaseException:
         pass
     out: list = []
-    for i in idx:
+    for k, i in enumerate(idx):
         try:
             out.append(seq[i])
+        except Exhausted as e:  # a source of unknown size ended: so did the rest of the chunk
+            end = ItemError(i, e, portable)
+            return out + [end] * (len(idx) - k)
         except BaseException as e:
             out.append(ItemError(i, e, portable))
     return out

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import Exhausted, View, check_source, compose, gather, is_finite, length, read_many, reader, take
+from ..base import Exhausted, Routed, View, check_source, compose, gather, is_finite, length, read_many, reader, take
 
 __all__ = ["gather", "take", "arange", "cycle", "repeat", "interleave", "switch", "case", "uniter",
            "shuffle", "shard"]
@@ -161,7 +161,7 @@ def repeat(value: Any, times: int | None = None) -> View:
 
 
 # -- interleave ------------------------------------------------------------------------------------
-class Interleave(View):
+class Interleave(Routed):
     def __init__(self, seqs: Sequence[Any]):
         self.seqs = tuple(check_source(s, "interleave") for s in seqs)
         self._rds = tuple(reader(s) for s in self.seqs)
@@ -187,17 +187,6 @@ class Interleave(View):
         group = self._groups[g]
         i -= self._out_off[g]
         return group[i % len(group)], self._in_off[g] + i // len(group)
-
-    def _get(self, i: int) -> Any:
-        k, j = self._where(i)
-        return self._rds[k](j)
-
-    def _set(self, i: int, value: Any) -> None:
-        k, j = self._where(i)
-        self.seqs[k][j] = value
-
-    def children(self) -> tuple:
-        return self.seqs
 
     def describe(self) -> str:
         return f"interleave({len(self.seqs)} sequences)"

@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ..base import Exhausted, Slice, View, check_source, fname, is_finite, length, read_many, reader
+from ..base import Exhausted, Routed, Slice, View, check_source, fname, is_finite, length, read_many, reader
 from ..errors import wrap_error
 
 __all__ = ["Pad", "batch", "unbatch", "collate", "concatenate", "split"]
@@ -249,7 +249,7 @@ def collate(seqs: Sequence[Any]) -> View:
     return Collate(seqs)
 
 
-class Concatenate(View):
+class Concatenate(Routed):
     def __init__(self, seqs: Sequence[Any]):
         flat: list = []
         for s in seqs:
@@ -274,10 +274,6 @@ class Concatenate(View):
         k = bisect.bisect_right(self.offsets, i) - 1
         return k, i - self.offsets[k]
 
-    def _get(self, i: int) -> Any:
-        k, j = self._where(i)
-        return self._rds[k](j)
-
     def _get_many(self, idx: Sequence[int]) -> list:
         where = [self._where(i) for i in idx]
         parts: dict[int, list[int]] = {}
@@ -285,13 +281,6 @@ class Concatenate(View):
             parts.setdefault(k, []).append(j)
         got = {k: iter(read_many(self.seqs[k], js)) for k, js in parts.items()}
         return [next(got[k]) for k, _ in where]
-
-    def _set(self, i: int, value: Any) -> None:
-        k, j = self._where(i)
-        self.seqs[k][j] = value
-
-    def children(self) -> tuple:
-        return self.seqs
 
     def describe(self) -> str:
         return f"concatenate({len(self.seqs)} sequences)"
