@@ -367,12 +367,16 @@ PARENT = textwrap.dedent("""
 
 @pytest.mark.parametrize("ctx", ["fork", "spawn"])
 def test_workers_exit_when_the_parent_is_killed(ctx):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.Popen([sys.executable, "-c", PARENT, ctx], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": os.getcwd()})
-    pids = [int(x) for x in proc.stdout.readline().split()]
-    assert len(pids) == 2 and all(alive(x) for x in pids)
-    proc.kill()
-    proc.wait()
+                            env={**os.environ, "PYTHONPATH": root})
+    try:
+        pids = [int(x) for x in proc.stdout.readline().split()]
+        assert len(pids) == 2 and all(alive(x) for x in pids)
+    finally:  # whatever happened, the reader dies here (and takes its workers with it)
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
     deadline = time.monotonic() + 10
     while any(alive(x) for x in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
