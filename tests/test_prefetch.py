@@ -440,3 +440,14 @@ def test_sources_of_unknown_size_end_iteration(method):
     with pytest.raises(IndexError):
         p[30]
     p.close()
+
+
+def test_random_reads_compute_little_beyond_what_is_read():
+    with mk(ls.smap(lambda i: np.full(1000, i, np.float64), range(5000)), "process", shm_size=10 << 16) as p:
+        assert all(p[i][0] == i for i in range(200))
+        keys = random.Random(0).sample(range(5000), 200)
+        before = p.stats()["items"]
+        assert all(p[k][0] == k for k in keys)
+        s = p.stats()
+    assert s["items"] - before <= 3 * len(keys) + 2000  # the sequential window left behind + ~2 per read
+    assert s["fallbacks"] == 0 and s["jumps"] >= len(keys)

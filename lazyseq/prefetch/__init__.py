@@ -98,6 +98,7 @@ class Prefetch(View):
         self._pos, self._stride, self._front, self._delta, self._origin = 0, 1, 0, 0, 0
         self._skips: list[tuple[int, int]] = []  # spans (in strides from _origin) kept over a jump
         self._end: int | None = None  # where a source of unknown size was found to end
+        self._cancelled: set[int] = set()  # jobs given up, not yet answered by their worker
         self._last: tuple[int, Any] | None = None
         self._chunk, self._item_seconds, self._item_bytes, self._ramp = 1, 0.0, 0, self.max_buffered
         self._warned: set[str] = set()
@@ -126,6 +127,7 @@ class Prefetch(View):
         with self._lock:
             self._ready.clear()
             self._jobs.clear()
+            self._cancelled.clear()
             self._last = None
             self._finalizer()
             if self._error is None:
@@ -249,9 +251,10 @@ class Prefetch(View):
         if isinstance(backend, ThreadBackend):
             for job_id in backend.cancel(job_ids):
                 del self._jobs[job_id]
-        else:
+        else:  # the worker skips them when it gets to them; until then they hold their slot
             for job_id in job_ids:
                 self._m.pool.cancel(job_id)
+            self._cancelled |= job_ids
 
     def _slot(self) -> int | None:
         return self._m.pool.acquire() if self._m.pool is not None and self._m.pool.nslots else None
@@ -267,11 +270,12 @@ class Prefetch(View):
     def _schedule(self) -> None:
         pool = self._m.pool
         shm = pool is not None and pool.nslots > 0
-        while len(self._jobs) < self._ramp:
+        while len(self._jobs) - len(self._cancelled) < self._ramp:
             ahead = (self._front - self._pos) // self._stride
             if ahead >= self._horizon():
                 return
-            if self._item_bytes and len(self._jobs) >= self.nworkers and ahead * self._item_bytes > _BUDGET:
+            if self._item_bytes and len(self._jobs) - len(self._cancelled) >= self.nworkers \
+                    and ahead * self._item_bytes > _BUDGET:
                 return  # enough bytes ahead: more would be out of the cache when read
             rest = self._bound()
             count = self._chunk if rest is None else min(self._chunk, len(rest))
@@ -319,7 +323,9 @@ class Prefetch(View):
         try:
             while i not in self._ready:
                 if not any(i in r for r, _, _ in self._jobs.values()):
-                    self._schedule_item(i)
+                    pool = self._m.pool
+                    if not (self._cancelled and pool is not None and pool.nslots and not pool.free()):
+                        self._schedule_item(i)  # else cancelled jobs are about to give slots back
                 left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
                 if left <= 0:
                     raise PrefetchTimeout(f"prefetch: item {i} did not arrive within timeout={self.timeout}s "
@@ -349,6 +355,7 @@ class Prefetch(View):
                 if job_id < 0:
                     continue  # a worker's start-up message
             job = self._jobs.pop(job_id, None)
+            self._cancelled.discard(job_id)
             if job is None:
                 continue
             r, slot, gen = job
