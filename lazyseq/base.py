@@ -253,6 +253,15 @@ def fname(f: Callable) -> str:
     return name.replace(".<locals>", "")
 
 
+# Set by lazyseq.prefetch.slots: inside a process worker, copies arrays out of the job's shared-memory
+# slot. Views that keep items beyond the read (add_cache) keep ``keepable(item)``.
+keepable_hook: Callable[[Any], Any] | None = None
+
+
+def keepable(value: Any) -> Any:
+    return value if keepable_hook is None else keepable_hook(value)
+
+
 # -- helpers views use on their sources ------------------------------------------------------------
 def check_source(src: Any, where: str) -> Any:
     if isinstance(src, View) or hasattr(src, "__getitem__"):

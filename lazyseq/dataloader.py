@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import random
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -200,9 +201,15 @@ class DataLoader:
         self.shm_size, self.rank, self.world_size = shm_size, rank, world_size
         self.device, self.to_tensor = device, to_tensor
         self.seed = _seed_from(seed, generator)
+        if world_size > 1 and not drop_last and len(set(len(shard(range(len(sampler) if sampler is not None else
+                                                                       len(dataset)), r, world_size))
+                                                        for r in range(world_size))) > 1:
+            warnings.warn(f"DataLoader: {world_size} ranks get parts of different lengths (the epoch does not "
+                          "divide evenly); data-parallel training needs the same number of steps on every rank: "
+                          "pass drop_last=True", RuntimeWarning, stacklevel=2)
         self.epoch, self._batch = 0, 0  # the epoch and batch the next iteration starts at
         self._persistent: Prefetch | None = None
-        self._open: list[Prefetch] = []
+        self._open: weakref.WeakSet[Prefetch] = weakref.WeakSet()  # dropped sequences stop their workers
         self._shm_note = ("no process workers" if num_workers == 0 else "not sized yet" if shm_size is None
                           else f"given: shm_size={shm_size}")
 
@@ -252,7 +259,7 @@ class DataLoader:
         seq: View = self._plan()(e)
         if self.num_workers > 0:
             seq = self._prefetch(seq, e)
-            self._open.append(seq)  # closed by loader.close() (or leaving its with block)
+            self._open.add(seq)  # closed by loader.close() (or leaving its with block), or when dropped
         if self.to_tensor:
             from .tensor import to_tensor
 
@@ -262,7 +269,7 @@ class DataLoader:
     # -- iteration -------------------------------------------------------------------------------
     def _where(self) -> tuple[int, int]:
         """The (epoch, batch) the next batch comes from; past an epoch's end is the next epoch."""
-        if self._batch >= len(self):
+        if self._batch and self._batch >= len(self):
             return self.epoch + 1, 0
         return self.epoch, self._batch
 
@@ -285,7 +292,7 @@ class DataLoader:
             if self.persistent_workers:
                 self._warn_custom_order()
             seq = self._prefetch(batches, epoch)
-            self._open.append(seq)
+            self._open.add(seq)
         convert = None
         if self.to_tensor:
             from .tensor import to_tensor
@@ -300,7 +307,7 @@ class DataLoader:
             self.epoch, self._batch = epoch + 1, 0
         finally:
             if isinstance(seq, Prefetch) and seq in self._open:
-                self._open.remove(seq)
+                self._open.discard(seq)
                 seq.close()
 
     def _warn_custom_order(self) -> None:
@@ -334,14 +341,14 @@ class DataLoader:
         """The prefetch counters of the running workers, and how the shared memory was sized."""
         out: dict = {"epoch": self.epoch, "batch": self._batch, "shm": self._shm_note,
                      "shm_size": self.shm_size if self.shm_size is not None else getattr(self, "shm_size_used", None)}
-        live = self._persistent or (self._open[-1] if self._open else None)
+        live = self._persistent or next(iter(self._open), None)
         if live is not None:
             out.update(prefetch=live.stats(), worker_pids=live.worker_pids())
         return out
 
     def close(self) -> None:
         """Stop every worker of this loader."""
-        for p in self._open:
+        for p in list(self._open):
             p.close()
         self._open.clear()
         if self._persistent is not None:

@@ -240,3 +240,27 @@ def test_make_sequence_workers_stop_with_the_loader():
     assert loader.stats()["shm"].startswith("sized from the first sample")
     with pytest.raises(ls.PrefetchClosed):
         seq[0]
+
+
+def test_an_empty_loader_advances_one_epoch_per_pass():
+    loader = ls.DataLoader([], batch_size=4, to_tensor=False)
+    for _ in range(3):
+        assert list(loader) == []
+    assert loader.state_dict()["epoch"] == 3
+
+
+def test_dropped_make_sequence_stops_its_workers():
+    import gc
+
+    loader = ls.DataLoader(list(range(40)), batch_size=4, num_workers=2, to_tensor=False)
+    seq = loader.make_sequence()
+    assert list(seq[2]) == [8, 9, 10, 11]
+    pids = seq.worker_pids()
+    del seq
+    gc.collect()
+    assert not loader._open and len(pids) == 2
+
+
+def test_uneven_ranks_warn():
+    with pytest.warns(RuntimeWarning, match="drop_last=True"):
+        ls.DataLoader(list(range(41)), batch_size=4, rank=0, world_size=4)

@@ -58,11 +58,13 @@ def test_items_and_keys_match_the_source(method, ctx):
 
 def test_reading_the_same_index_twice_keeps_the_window():
     calls = []
-    with mk(ls.smap(lambda x: calls.append(x) or x, range(100)), "thread") as p:
-        assert [p[0], p[0], p[1], p[1], p[2]] == [0, 0, 1, 1, 2]
+    with mk(ls.smap(lambda x: calls.append(x) or [x], range(100)), "thread") as p:
+        a = p[0]
+        a.append("changed")
+        assert [p[0], p[1], p[1], p[2]] == [[0], [1], [1], [2]]  # a fresh item, as seq[i] gives
         assert p.stats()["jumps"] == 0
-        assert list(p[3:100]) == list(range(3, 100))
-    assert sorted(calls) == list(range(100))  # nothing evaluated twice
+        assert list(p[3:100]) == [[i] for i in range(3, 100)]
+    assert sorted(calls) == sorted([*range(100), 0, 1])  # only the items read twice ran twice
 
 
 def test_a_jump_keeps_work_still_wanted():
@@ -205,7 +207,7 @@ def fill(i):
 def test_empty_writes_straight_into_the_slot():
     assert type(ls.empty(3)) is np.ndarray and ls.empty_like(np.zeros((2, 2), np.uint8)).dtype == np.uint8
     with mk(ls.smap(fill, range(20)), "process", shm_size=10 * 300_000) as p:
-        assert all((p[i] == i).all() and p[i].shape == (256, 256) for i in range(20))
+        assert all((x == i).all() and x.shape == (256, 256) for i, x in enumerate(p))
         stats = p.stats()
     assert stats["bytes_shm"] == 20 * 256 * 256 * 4 and stats["bytes_pipe"] < 20 * 1000
 
@@ -451,3 +453,93 @@ def test_random_reads_compute_little_beyond_what_is_read():
         s = p.stats()
     assert s["items"] - before <= 3 * len(keys) + 2000  # the sequential window left behind + ~2 per read
     assert s["fallbacks"] == 0 and s["jumps"] >= len(keys)
+
+
+# -- regressions found in review -----------------------------------------------------------------------
+def test_forkserver_workers_survive_an_idle_reader():
+    with mk(ls.smap(square, range(100)), "process", "forkserver") as p:
+        assert p[0] == 0
+        time.sleep(1.2)  # longer than the workers' orphan check
+        assert p[1] == 1 and p[50] == 2500
+
+
+class OldStyle:  # __getitem__ only: IndexError ends it
+    def __getitem__(self, i):
+        if i >= 10:
+            raise IndexError(i)
+        return i
+
+
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_a_source_without_len_ends_iteration(method):
+    with mk(OldStyle(), method) as p:
+        assert list(p) == list(range(10))
+
+
+def from_a_helper_thread(x):
+    out = []
+    t = threading.Thread(target=lambda: out.append(ls.empty(1000)))
+    t.start()
+    t.join()
+    return out[0]
+
+
+def test_only_the_evaluating_thread_writes_into_the_slot():
+    with mk(ls.smap(from_a_helper_thread, range(4)), "process", shm_size=1 << 18) as p:
+        for _ in p:
+            pass
+        assert p.stats()["bytes_shm"] == 4 * 8000  # copied into the slot: the thread's arrays were plain
+
+
+def test_cached_batches_do_not_keep_views_of_reused_slots():
+    batches = ls.add_cache(ls.batch(ls.smap(lambda x: np.full(1000, x), range(80)), 4,
+                                    collate_fn=ls.default_collate), 100)
+    with mk(batches, "process", nworkers=1, max_buffered=3, shm_size=300_000) as p:
+        for _ in range(2):
+            for k in range(20):
+                assert p[k][:, 0].tolist() == [4 * k, 4 * k + 1, 4 * k + 2, 4 * k + 3]
+
+
+class OnlyPicklesOneWay(Exception):
+    def __init__(self, a, b):
+        super().__init__(a)
+
+
+def odd_result(x):
+    return OnlyPicklesOneWay("o", 1) if x == 5 else x
+
+
+def test_a_result_that_does_not_unpickle_fails_its_items_only():
+    with mk(ls.smap(odd_result, range(40)), "process", nworkers=1) as p:
+        assert [p[i] for i in range(5)] == list(range(5))
+        with pytest.raises(ls.EvaluationError, match="unpickled"):
+            p[5]
+        assert p[30] == 30
+
+
+def test_a_forked_copy_of_a_started_prefetch_starts_its_own_workers():
+    inner = mk(ls.smap(square, range(50)), "process", nworkers=1)
+    assert inner[0] == 0
+    with mk(ls.smap(lambda x: x + 1, inner), "process", nworkers=1) as outer:
+        assert outer[10] == 101 and list(outer[:3]) == [1, 2, 5]
+    inner.close()
+
+
+def test_close_from_another_thread_stops_a_waiting_reader():
+    p = mk(ls.smap(lambda x: time.sleep(3) or x, range(10)), "process", nworkers=1)
+    got = []
+
+    def read():
+        try:
+            p[0]
+        except BaseException as e:
+            got.append(e)
+
+    t = threading.Thread(target=read)
+    t.start()
+    time.sleep(0.3)
+    start = time.monotonic()
+    p.close()
+    t.join(5)
+    assert time.monotonic() - start < 2.5 and not t.is_alive()
+    assert got and isinstance(got[0], ls.PrefetchClosed)

@@ -99,7 +99,7 @@ class Prefetch(View):
         self._skips: list[tuple[int, int]] = []  # spans (in strides from _origin) kept over a jump
         self._end: int | None = None  # where a source of unknown size was found to end
         self._cancelled: set[int] = set()  # jobs given up, not yet answered by their worker
-        self._last: tuple[int, Any] | None = None
+        self._last: int | None = None  # the index read last (not the item: that would pin its slot)
         self._chunk, self._item_seconds, self._item_bytes, self._ramp = 1, 0.0, 0, self.max_buffered
         self._warned: set[str] = set()
         self._stats = dict(items=0, jobs=0, chunk=1, bytes_shm=0, bytes_pipe=0, fallbacks=0, waits=0,
@@ -123,15 +123,19 @@ class Prefetch(View):
             raise
 
     def close(self) -> None:
-        """Stop the workers and release the shared memory; items already read stay valid."""
-        with self._lock:
-            self._ready.clear()
-            self._jobs.clear()
-            self._cancelled.clear()
-            self._last = None
-            self._finalizer()
-            if self._error is None:
-                self._error = PrefetchClosed(f"{self.describe()} is closed; create a new one to read on")
+        """Stop the workers and release the shared memory; items already read stay valid.
+
+        Safe from any thread: a reader waiting for an item gets ``PrefetchClosed``."""
+        if self._error is None:
+            self._error = PrefetchClosed(f"{self.describe()} is closed; create a new one to read on")
+        self._finalizer()  # idempotent; does not wait for the reader's lock
+        if self._lock.acquire(blocking=False):
+            try:
+                self._ready.clear()
+                self._jobs.clear()
+                self._cancelled.clear()
+            finally:
+                self._lock.release()
 
     def __enter__(self) -> Prefetch:
         return self
@@ -158,14 +162,17 @@ class Prefetch(View):
         with self._lock:
             if self._error is not None:
                 raise self._error
-            last = self._last
-            if last is not None and last[0] == i:  # the same item again: the window stays
-                return self._deliver(i, last[1])
             try:
-                value = self._read(i)
+                if self._m.owner != os.getpid():  # a forked copy of a started prefetch: start afresh
+                    self._setup()
+                if self._m.backend is None:
+                    self._start()
+                # The same item again gets a job of its own (a fresh object, as seq[i] would be);
+                # the window stays where it is.
+                value = self._wait(i) if i == self._last else self._read(i)
             except (IndexError, PrefetchTimeout):
                 raise  # about this item only: the prefetch goes on
-            except BaseException as e:  # a crash, a failed start, Ctrl-C: stop every worker now
+            except BaseException as e:  # a crash, a failed start, Ctrl-C, close(): stop every worker
                 self.close()
                 self._error = PrefetchClosed("prefetch: stopped by KeyboardInterrupt; create a new one") \
                     if isinstance(e, KeyboardInterrupt) else e
@@ -173,17 +180,13 @@ class Prefetch(View):
             return self._deliver(i, value)
 
     def _read(self, i: int) -> Any:
-        if self._m.backend is None:
-            self._start()
         if i != self._pos:
             self._jump(i)
         else:
             self._ramp = min(self.max_buffered, self._ramp * 2)
         self._schedule()
         value = self._wait(i)
-        self._last = None  # drop the previous item before holding this one
-        self._last = (i, value)
-        self._pos = i + self._stride
+        self._last, self._pos = i, i + self._stride
         self._schedule()
         return value
 
@@ -209,8 +212,7 @@ class Prefetch(View):
 
     def _jump(self, i: int) -> None:
         self._stats["jumps"] += 1
-        last = self._last
-        delta = i - last[0] if last is not None else 0
+        delta = i - self._last if self._last is not None else 0
         if delta != 0 and delta == self._delta and abs(delta) <= 64:
             self._stride = delta  # the same step twice: the reader walks with this stride
         self._delta = delta
@@ -223,6 +225,8 @@ class Prefetch(View):
         kept = [range(j, j + s, s) for j in self._ready]
         stale = set()
         for job_id, (r, _slot, _gen) in self._jobs.items():
+            if job_id in self._cancelled:
+                continue  # its worker will skip it
             aligned = len(r) and r.step == s and (r[0] - i) % s == 0
             if aligned and (r[-1] >= i and r[0] < end if s > 0 else r[-1] <= i and r[0] > end):
                 kept.append(r)
@@ -330,8 +334,17 @@ class Prefetch(View):
                 if left <= 0:
                     raise PrefetchTimeout(f"prefetch: item {i} did not arrive within timeout={self.timeout}s "
                                           f"({self.describe()})", i)
-                self._collect(self._m.backend.poll(left))
-                self._m.backend.check()
+                backend = self._m.backend
+                if backend is None:
+                    raise self._error or PrefetchClosed(f"{self.describe()} was closed")
+                try:
+                    done = backend.poll(left)
+                except (OSError, ValueError):
+                    if self._m.backend is None:  # closed from another thread while we waited
+                        raise self._error or PrefetchClosed(f"{self.describe()} was closed") from None
+                    raise
+                self._collect(done)
+                backend.check()
                 self._schedule()  # jobs finished while waiting: keep the workers fed
             return self._ready.pop(i)
         finally:
@@ -364,7 +377,13 @@ class Prefetch(View):
                     self._m.pool.release(slot)
                 continue
             if payload is not None:
-                items = backend.load_items(slot, table, payload)
+                try:
+                    items = backend.load_items(slot, table, payload)
+                except Exception as e:  # pickled in the worker, but does not unpickle here
+                    err = TypeError(f"the results of items {r.start}..{r[-1]} could not be unpickled in the "
+                                    f"reader: {type(e).__name__}: {e}")
+                    err.__cause__ = e
+                    items = [wire.ItemError(j, err, portable=False) for j in r]
                 nbytes = sum(n for _, n in table)
                 self._stats["bytes_shm"] += nbytes
                 self._stats["bytes_pipe"] += len(payload)

@@ -87,10 +87,11 @@ def worker_main(index: int, conn: connection.Connection, seq: Any, start_hook: A
     except OSError:  # the reader closed us already
         return
     base = memory.ctypes.data
+    ppid = os.getppid()  # the reader, or the forkserver that forked us (which exits with the reader)
     while True:
         try:
             if not conn.poll(0.5):
-                if os.getppid() != parent:  # the reader's process is gone
+                if os.getppid() != ppid:  # orphaned: the reader's process is gone
                     return
                 continue
             rec = conn.recv_bytes()

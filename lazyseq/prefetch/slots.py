@@ -15,11 +15,14 @@ from __future__ import annotations
 import mmap
 import os
 import secrets
+import threading
 import weakref
 from collections import deque
 from typing import Any
 
 import numpy as np
+
+from .. import base
 
 __all__ = ["SlotPool", "SlotAnchor", "empty", "empty_like", "ALIGN"]
 
@@ -133,16 +136,39 @@ class JobSlot:
         return off
 
 
-_current: JobSlot | None = None
+# Per thread: only the worker's evaluating thread writes into the job's slot. Arrays that other
+# threads (a nested thread prefetch computing ahead) make could outlive the job.
+_local = threading.local()
 
 
 def set_current(slot: JobSlot | None) -> None:
-    global _current
-    _current = slot
+    _local.job = slot
 
 
 def current() -> JobSlot | None:
-    return _current
+    return getattr(_local, "job", None)
+
+
+def detach(value: Any) -> Any:
+    """``value`` with every array that lives in the current job's slot copied out of it, for what
+    must outlive the job (a cache): the slot is reused once the job's result is delivered."""
+    job = current()
+    if job is None:
+        return value
+    t = type(value)
+    if t is np.ndarray:
+        addr = value.__array_interface__["data"][0]
+        return value.copy() if job.start <= addr < job.start + len(job.view) else value
+    if t is list or t is tuple:
+        return t(detach(v) for v in value)
+    if t is dict:
+        return {k: detach(v) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return t(*(detach(v) for v in value))
+    return value
+
+
+base.keepable_hook = detach
 
 
 def empty(shape: Any, dtype: Any = float, order: str = "C") -> np.ndarray:
@@ -158,7 +184,7 @@ def empty(shape: Any, dtype: Any = float, order: str = "C") -> np.ndarray:
     >>> a.shape, a.dtype
     ((2, 3), dtype('float32'))
     """
-    job = _current
+    job = getattr(_local, "job", None)
     if job is not None:
         dt = np.dtype(dtype)
         shp = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import Exhausted, View
+from ..base import Exhausted, View, read_many, reader
 from .slots import JobSlot
 
 JOB = struct.Struct("<qqqqq")  # job id, first index, step, count, slot (-1: no slot)
@@ -76,13 +76,14 @@ def evaluate(seq: Any, idx: range, portable: bool = True) -> list:
     """The items ``idx`` of ``seq``: one bulk read; on failure, item by item so that the failing
     items are named and the others still arrive."""
     try:
-        return seq._get_many(idx) if isinstance(seq, View) else [seq[i] for i in idx]
+        return read_many(seq, idx)
     except BaseException:
         pass
     out: list = []
+    get = seq.__getitem__ if isinstance(seq, View) else reader(seq)  # the view's checks and error wrapping
     for k, i in enumerate(idx):
         try:
-            out.append(seq[i])
+            out.append(get(i))
         except Exhausted as e:  # a source of unknown size ended: so did the rest of the chunk
             end = ItemError(i, e, portable)
             return out + [end] * (len(idx) - k)

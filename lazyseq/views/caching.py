@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import MutableMapping
 from typing import Any
 
-from ..base import View, check_source, is_finite, reader
+from ..base import View, check_source, is_finite, keepable, reader
 
 __all__ = ["add_cache"]
 
@@ -66,7 +66,7 @@ class Cache(View):
                     cache = self.cache
                     while len(cache) >= self.cache_size:
                         del cache[next(iter(cache))]  # least recently used
-                    cache[i] = value
+                    cache[i] = keepable(value)  # not a view of a prefetch slot that will be reused
             return value
         finally:
             with self._lock:
