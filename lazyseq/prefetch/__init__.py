@@ -41,13 +41,18 @@ def _cache_budget() -> int:
 _BUDGET = _cache_budget()
 
 
+_forks = [0]  # bumped in a forked child: a prefetch made before the fork is not the child's to run
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
+
+
 class _Machinery:
     """What must be stopped when the prefetch goes away (held by its finalizer, not by it)."""
 
     def __init__(self) -> None:
         self.backend: Any = None
         self.pool: SlotPool | None = None
-        self.owner = os.getpid()
+        self.owner, self.fork = os.getpid(), _forks[0]
 
     def stop(self) -> None:
         if os.getpid() != self.owner:  # a forked copy of the reader's objects: not ours to stop
@@ -163,7 +168,7 @@ class Prefetch(View):
             if self._error is not None:
                 raise self._error
             try:
-                if self._m.owner != os.getpid():  # a forked copy of a started prefetch: start afresh
+                if self._m.fork != _forks[0]:  # a forked copy of a started prefetch: start afresh
                     self._setup()
                 if self._m.backend is None:
                     self._start()
