@@ -126,8 +126,7 @@ class ProcessBackend:
         self.procs: list = []
         self.conns: list[connection.Connection] = []
         self.load: list[int] = []  # jobs outstanding per worker
-        self.job_worker: dict[int, int] = {}
-        self.ready = 0
+        self._pending_crash: int | None = None  # a worker seen dead, reported by check()
         self.stopping = False
         fork = self.method == "fork"
         if fork:
@@ -169,7 +168,6 @@ class ProcessBackend:
     def submit(self, job_id: int, r: range, slot: int | None) -> None:
         k = min(range(len(self.load)), key=self.load.__getitem__)
         self.load[k] += 1
-        self.job_worker[job_id] = k
         try:
             self.conns[k].send_bytes(wire.JOB.pack(job_id, r.start, r.step, len(r), -1 if slot is None else slot))
         except OSError:
@@ -216,30 +214,27 @@ class ProcessBackend:
         return out
 
     def check(self) -> None:
-        k = getattr(self, "_pending_crash", None)
+        k = self._pending_crash
         if k is not None:
             self._crashed(k)
 
     def _message(self, k: int, msg: bytes) -> tuple:
         job_id, kind, table, needed, seconds, payload = wire.decode_head(msg)
-        if kind == wire.READY:
-            self.ready += 1
-        elif kind == wire.START_FAILED:
+        if kind == wire.START_FAILED:
             err = cloudpickle.loads(payload).rebuild()
             raise WorkerStartError(f"prefetch worker {k} failed to start: {type(err).__name__}: {err}") from err
-        else:
+        if kind != wire.READY:  # a job's answer
             self.load[k] -= 1
-            self.job_worker.pop(job_id, None)
         return job_id, kind, table, needed, seconds, payload
 
     def load_items(self, slot: int | None, table: list[tuple[int, int]], payload: memoryview) -> list:
         """Rebuild a chunk's items; arrays are views of ``slot`` that keep it reserved."""
         if table:
             anchor = self.pool.anchor(slot)
-            return wire_loads(payload, [anchor[o : o + n] for o, n in table])
+            return pickle.loads(payload, buffers=[anchor[o : o + n] for o, n in table])
         if slot is not None:
             self.pool.release(slot)
-        return wire_loads(payload, ())
+        return pickle.loads(payload)
 
     def close(self, grace: float = 0.3) -> None:
         self.stopping = True
@@ -261,6 +256,3 @@ class ProcessBackend:
                 p.close()
         self.procs, self.conns = [], []
 
-
-def wire_loads(payload: memoryview, buffers: Any) -> list:
-    return pickle.loads(payload, buffers=buffers)
