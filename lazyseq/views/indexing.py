@@ -393,9 +393,6 @@ class Shuffle(View):
             self._rounds.append((lo, (1 << lo) - 1, hi, (1 << hi) - 1, key))
             hi = lo
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-
     def __len__(self) -> int:
         n = len(self.src)
         if n != self._n:  # the source grew or shrank: the permutation follows its length
