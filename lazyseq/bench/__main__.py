@@ -16,8 +16,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("scenario", choices=sorted(SCENARIOS))
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    ap.add_argument("--only", metavar="PART[,PART]", help="prefetch: run only these parts (large, tiny, compute, startup)")
+    ap.add_argument("--rounds", type=int, metavar="N", help="prefetch: rounds per loader (start-up: tries)")
     args = ap.parse_args(argv)
-    results = importlib.import_module(SCENARIOS[args.scenario]).run(quick=args.quick)
+    options = {}
+    if args.only or args.rounds:
+        if args.scenario != "prefetch":
+            ap.error("--only and --rounds apply to the prefetch scenario")
+        options = {"only": args.only.split(",") if args.only else None, "rounds": args.rounds}
+    results = importlib.import_module(SCENARIOS[args.scenario]).run(quick=args.quick, **options)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

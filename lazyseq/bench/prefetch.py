@@ -302,8 +302,8 @@ def details(runs: dict[str, Runs]) -> dict:
             "lazyseq_stats": {k: r.stats for k, r in runs.items() if r.stats}}
 
 
-def large(quick: bool, peers: set[str]) -> dict:
-    n, rounds = (60, 1) if quick else (400, 5)
+def large(quick: bool, peers: set[str], rounds: int | None = None) -> dict:
+    n, rounds = (60, 1) if quick else (400, rounds or 5)
     loaders: dict[str, tuple[Opener, Callable]] = {
         "lazyseq copy": (open_lazyseq(full_numpy, n, SHM_SIZE), check_sum(np_sum)),
         "lazyseq empty": (open_lazyseq(full_empty, n, SHM_SIZE), check_sum(np_sum)),
@@ -329,8 +329,8 @@ def large(quick: bool, peers: set[str]) -> dict:
             "ratio_empty": {k: empty / v for k, v in gbps.items()}, **details(runs)}
 
 
-def tiny(quick: bool, peers: set[str]) -> dict:
-    n, n_peer, rounds = (10_000, 1_000, 1) if quick else (100_000, 10_000, 3)
+def tiny(quick: bool, peers: set[str], rounds: int | None = None) -> dict:
+    n, n_peer, rounds = (10_000, 1_000, 1) if quick else (100_000, 10_000, rounds or 3)
     loaders: dict[str, tuple[Opener, Callable]] = {"lazyseq": (open_lazyseq(identity, n), ignore)}
     if "seqtools" in peers:
         loaders["seqtools"] = (open_seqtools(identity, n_peer), ignore)
@@ -349,8 +349,8 @@ def tiny(quick: bool, peers: set[str]) -> dict:
             "ratio": {k: v / us["lazyseq"] for k, v in us.items()}, **details(runs)}
 
 
-def compute(quick: bool, peers: set[str]) -> dict:
-    n, rounds = (150, 1) if quick else (1000, 5)
+def compute(quick: bool, peers: set[str], rounds: int | None = None) -> dict:
+    n, rounds = (150, 1) if quick else (1000, rounds or 5)
     burn = calibrate()
     item_ms = statistics.median(timed(burn, i) for i in range(21)) * 1e3
     loaders: dict[str, tuple[Opener, Callable]] = {"plain loop": (open_plain(burn, n), ignore),
@@ -372,8 +372,8 @@ def compute(quick: bool, peers: set[str]) -> dict:
             "ratio_lazyseq": {k: rate["lazyseq"] / v for k, v in rate.items()}, **details(runs)}
 
 
-def startup(quick: bool, peers: set[str]) -> dict:
-    tries, n = (2, 100) if quick else (7, 1000)
+def startup(quick: bool, peers: set[str], rounds: int | None = None) -> dict:
+    tries, n = (2, 100) if quick else (rounds or 7, 1000)
     openers: dict[str, Opener] = {"lazyseq": open_lazyseq(identity, n, context="fork"),
                                   "lazyseq shm": open_lazyseq(identity, n, SHM_SIZE, context="fork")}
     if "seqtools" in peers:  # seqtools uses the default context: fork on Linux before 3.14
@@ -396,19 +396,24 @@ def startup(quick: bool, peers: set[str]) -> dict:
             "ratio": {k: v / ms["lazyseq"] for k, v in ms.items()}}
 
 
+PARTS = {"large": large, "tiny": tiny, "compute": compute, "startup": startup}
+
+
 def targets(res: dict) -> dict:
-    a, b, c, d = res["large"], res["tiny"], res["compute"], res["startup"]
+    a, b, c, d = (res.get(k, {}) for k in PARTS)
     values = {
-        "large_copy_vs_seqtools_shm": a["ratio_copy"].get("seqtools shm"),
-        "large_copy_vs_torch": a["ratio_copy"].get("torch"),
-        "large_empty_vs_seqtools_shm": a["ratio_empty"].get("seqtools shm"),
-        "tiny_us_per_item": b["us_per_item"]["lazyseq"],
-        "compute_vs_plain_loop": c["ratio_to_plain"]["lazyseq"],
-        "startup_ms": d["ms"]["lazyseq"],
+        "large_copy_vs_seqtools_shm": a.get("ratio_copy", {}).get("seqtools shm"),
+        "large_copy_vs_torch": a.get("ratio_copy", {}).get("torch"),
+        "large_empty_vs_seqtools_shm": a.get("ratio_empty", {}).get("seqtools shm"),
+        "tiny_us_per_item": b.get("us_per_item", {}).get("lazyseq"),
+        "compute_vs_plain_loop": c.get("ratio_to_plain", {}).get("lazyseq"),
+        "startup_ms": d.get("ms", {}).get("lazyseq"),
     }
     out = {}
     print("\ntargets (DESIGN.md section 7)")
     for key, (what, op, threshold) in TARGETS.items():
+        if key.split("_", 1)[0] not in res:  # a part not run
+            continue
         v = values[key]
         met = None if v is None else (v >= threshold if op == ">=" else v < threshold)
         out[key] = {"value": v, "target": f"{op} {threshold}", "met": met}
@@ -418,7 +423,12 @@ def targets(res: dict) -> dict:
     return out
 
 
-def run(quick: bool = False) -> dict:
+def run(quick: bool = False, only: list[str] | None = None, rounds: int | None = None) -> dict:
+    """Run the scenarios (``only``: a subset of large, tiny, compute, startup; ``rounds``: rounds per
+    loader, start-up tries) and print their tables and the targets; returns the results."""
+    unknown = set(only or ()) - set(PARTS)
+    if unknown:
+        raise SystemExit(f"bench prefetch: unknown part(s) {sorted(unknown)}; choose among {sorted(PARTS)}")
     peers = set()
     for name, pip in (("seqtools", "seqtools==1.4.1"), ("torch", "torch==2.13.0")):
         if have(name):
@@ -438,10 +448,9 @@ def run(quick: bool = False) -> dict:
     res: dict[str, Any] = {"scenario": "prefetch", "quick": quick, "nworkers": NWORKERS, "cores": cores,
                            "load_average": load, "peers": sorted(peers),
                            "skipped": sorted({"seqtools", "torch"} - peers)}
-    res["large"] = large(quick, peers)
-    res["tiny"] = tiny(quick, peers)
-    res["compute"] = compute(quick, peers)
-    res["startup"] = startup(quick, peers)
+    for name, part in PARTS.items():
+        if not only or name in only:
+            res[name] = part(quick, peers, rounds)
     res["targets"] = targets(res)
     res["load_average_after"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return res

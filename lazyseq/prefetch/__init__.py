@@ -279,7 +279,9 @@ class Prefetch(View):
     def _schedule(self) -> None:
         pool = self._m.pool
         shm = pool is not None and pool.nslots > 0
-        while len(self._jobs) - len(self._cancelled) < self._ramp:
+        # Until a first chunk is back, what an item costs (time, bytes) is unknown: one job per worker.
+        ramp = self._ramp if self._stats["items"] else min(self._ramp, self.nworkers)
+        while len(self._jobs) - len(self._cancelled) < ramp:
             ahead = (self._front - self._pos) // self._stride
             if ahead >= self._horizon():
                 return

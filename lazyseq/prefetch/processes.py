@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import signal
 import struct
 import time
@@ -26,6 +27,7 @@ from .slots import JobSlot, SlotPool
 # closes all of them, so a worker never keeps another one's pipe open: when the reader's process
 # dies, every worker reads end-of-file.
 _PARENT_FDS: set[int] = set()
+_AFFINITY = 2
 
 
 class _FdForChild:
@@ -126,6 +128,7 @@ class ProcessBackend:
         self.procs: list = []
         self.conns: list[connection.Connection] = []
         self.load: list[int] = []  # jobs outstanding per worker
+        self.slot_worker: dict[int, int] = {}  # the worker that wrote each slot last
         self._pending_crash: int | None = None  # a worker seen dead, reported by check()
         self.stopping = False
         fork = self.method == "fork"
@@ -155,7 +158,8 @@ class ProcessBackend:
             self.close()
             raise
         self.sentinels = {p.sentinel: k for k, p in enumerate(self.procs)}
-        self.conn_index = {c: k for k, c in enumerate(self.conns)}
+        self.fds = {c.fileno(): k for k, c in enumerate(self.conns)}
+        self.poller: Any = None
 
     @property
     def nworkers(self) -> int:
@@ -167,6 +171,12 @@ class ProcessBackend:
 
     def submit(self, job_id: int, r: range, slot: int | None) -> None:
         k = min(range(len(self.load)), key=self.load.__getitem__)
+        if slot is not None:
+            # A slot's pages cost a fault per page in each worker that first writes them (1-2 us
+            # each: a 4 MiB slot ~2 ms), so a slot stays with the worker that has it mapped.
+            w = self.slot_worker.setdefault(slot, k)
+            if self.load[w] <= self.load[k] + _AFFINITY:
+                k = w
         self.load[k] += 1
         try:
             self.conns[k].send_bytes(wire.JOB.pack(job_id, r.start, r.step, len(r), -1 if slot is None else slot))
@@ -188,18 +198,21 @@ class ProcessBackend:
 
     def poll(self, timeout: float) -> list[tuple[int, int, list[tuple[int, int]], int, float, memoryview]]:
         """Messages that arrived within ``timeout`` seconds; raises WorkerCrashed for a dead worker."""
-        ready = connection.wait([*self.conns, *self.sentinels], timeout)
+        if self.poller is None:  # registered once: a fresh selector per wait costs more than the wait
+            self.poller = select.poll()
+            for fd in (*self.fds, *self.sentinels):
+                self.poller.register(fd, select.POLLIN)
+        events = self.poller.poll(max(0, int(timeout * 1000 + 0.999)))
+        if self.stopping:  # closed from another thread while we waited
+            raise OSError("prefetch: the workers were stopped")
         out, dead = [], []
-        for obj in ready:
-            if obj in self.sentinels:
-                dead.append(self.sentinels[obj])
+        for fd, _event in events:
+            k = self.fds.get(fd)
+            if k is None:
+                dead.append(self.sentinels[fd])
                 continue
-            k = self.conn_index[obj]
             try:
-                while True:  # drain: a worker may send several chunks before we look again
-                    out.append(self._message(k, obj.recv_bytes()))
-                    if not obj.poll(0):
-                        break
+                out.append(self._message(k, self.conns[k].recv_bytes()))
             except (EOFError, OSError):
                 dead.append(k)
         for k in dead:  # what a dead worker sent before dying still counts

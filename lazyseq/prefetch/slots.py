@@ -6,7 +6,7 @@ fixed slots. Its file descriptor is handed to the workers, so the segment has no
 
 A delivered chunk's arrays are zero-copy views of its slot. Their numpy ``base`` chain ends at one
 :class:`SlotAnchor` per chunk (numpy keeps an object exposing ``__array_interface__`` as the base of
-every array built on it); when the last array goes, the anchor's ``weakref.finalize`` puts the
+every array built on it); when the last array goes, the anchor's ``__del__`` puts the
 slot back in the pool. So a slot is reused only when nothing in the parent looks at it any more.
 """
 
@@ -16,7 +16,6 @@ import mmap
 import os
 import secrets
 import threading
-import weakref
 from collections import deque
 from typing import Any
 
@@ -59,12 +58,16 @@ def map_segment(fd: int, size: int) -> np.ndarray:
 class SlotAnchor:
     """The numpy base of every array delivered from one slot; dropping the last releases the slot."""
 
-    __slots__ = ("__array_interface__", "__weakref__", "_memory")
+    __slots__ = ("__array_interface__", "__weakref__", "_memory", "_release", "_slot")
 
-    def __init__(self, memory: np.ndarray, offset: int, size: int):
+    def __init__(self, memory: np.ndarray, offset: int, size: int, release: Any, slot: int):
         self._memory = memory  # keeps the mapping alive as long as any array of the slot lives
+        self._release, self._slot = release, slot
         self.__array_interface__ = {"data": (memory.ctypes.data + offset, False), "shape": (size,),
                                     "typestr": "|u1", "version": 3}
+
+    def __del__(self) -> None:  # cheaper than a weakref.finalize per chunk; runs in any thread or in gc
+        self._release(self._slot)
 
 
 class SlotPool:
@@ -96,7 +99,7 @@ class SlotPool:
 
     def acquire(self) -> int | None:
         try:
-            return self._free.popleft()
+            return self._free.pop()
         except IndexError:
             return None
 
@@ -109,9 +112,7 @@ class SlotPool:
     def anchor(self, slot: int) -> np.ndarray:
         """A uint8 array over ``slot`` whose views keep the slot reserved; the slot returns to the
         pool when the last of them is gone."""
-        a = SlotAnchor(self.memory, self.offset(slot), self.slot_size)
-        weakref.finalize(a, self._free.append, slot)
-        return np.asarray(a)
+        return np.asarray(SlotAnchor(self.memory, self.offset(slot), self.slot_size, self._free.append, slot))
 
     def close_fd(self) -> None:
         if self.fd >= 0:
