@@ -47,3 +47,20 @@ def test_bench_prefetch(tmp_path, hide_peers):
                                    "tiny_us_per_item", "compute_vs_plain_loop", "startup_ms"}
     for t in res["targets"].values():
         assert {"value", "target", "met"} <= set(t)
+
+
+def test_bench_prefetch_runs_only_the_parts_asked(tmp_path):
+    out = tmp_path / "part.json"
+    proc = subprocess.run([sys.executable, "-c", HIDE_PEERS, "prefetch", "--only", "tiny,startup", "--rounds", "2",
+                           "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    assert "large" not in res and "compute" not in res
+    assert res["startup"]["tries"] == 2 and len(res["tiny"]["rounds"]["lazyseq"]["seconds"]) == 2
+    assert set(res["targets"]) == {"tiny_us_per_item", "startup_ms"}
+    bad = subprocess.run([sys.executable, "-m", "lazyseq.bench", "prefetch", "--only", "huge"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "unknown part" in bad.stderr
+    other = subprocess.run([sys.executable, "-m", "lazyseq.bench", "views", "--rounds", "2"],
+                           capture_output=True, text=True, timeout=60)
+    assert other.returncode == 2 and "prefetch" in other.stderr

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import lazyseq as ls
+from lazyseq.prefetch import processes
 
 METHODS = [("thread", None), ("process", "fork"), ("process", "forkserver"), ("process", "spawn")]
 
@@ -82,6 +83,18 @@ def test_strided_reads():
     with mk(ls.smap(square, range(400)), "process") as p:
         assert [p[i] for i in range(0, 400, 3)] == [i * i for i in range(0, 400, 3)]
         assert [p[i] for i in range(399, -1, -2)] == [i * i for i in range(399, -1, -2)]
+
+
+@pytest.mark.parametrize("step", [1000, -700])
+def test_a_large_stride_is_prefetched_not_jumped_to(step):
+    calls = []
+    with mk(ls.smap(lambda x: calls.append(x) or x, range(100_000)), "thread", nworkers=1) as p:
+        keys = list(range(0 if step > 0 else 99_999, 100_000 if step > 0 else -1, step))
+        assert [p[k] for k in keys] == keys
+        assert p.stats()["jumps"] <= 3  # the first steps, until the stride shows twice
+        # The window ran along the stride, not through the items between (a few strays around the
+        # first reads, before the stride showed).
+        assert set(keys) <= set(calls) and len(calls) <= len(keys) + 60
 
 
 def test_nworkers_non_positive_means_cores_plus_n():
@@ -523,6 +536,27 @@ def test_a_forked_copy_of_a_started_prefetch_starts_its_own_workers():
     with mk(ls.smap(lambda x: x + 1, inner), "process", nworkers=1) as outer:
         assert outer[10] == 101 and list(outer[:3]) == [1, 2, 5]
     inner.close()
+
+
+def test_threads_starting_and_closing_fork_prefetches_at_once():
+    errors, barrier = [], threading.Barrier(4)
+
+    def run(k):
+        try:
+            barrier.wait(5)
+            for _ in range(4):
+                with mk(ls.smap(square, range(k, k + 30)), "process", nworkers=2, shm_size=1 << 16) as p:
+                    assert list(p) == [i * i for i in range(k, k + 30)]
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert not processes._PARENT_FDS  # every closed prefetch forgot its descriptors
 
 
 def test_close_from_another_thread_stops_a_waiting_reader():

@@ -14,8 +14,8 @@ from typing import Any
 
 from ..base import Exhausted, View, check_source, is_finite, length
 from ..errors import EvaluationError, PrefetchClosed, PrefetchTimeout, passthrough, wrap_error
-from . import wire
-from .processes import _PARENT_FDS, ProcessBackend
+from . import processes, wire
+from .processes import ProcessBackend, parent_fd
 from .slots import SlotPool, empty, empty_like
 from .threads import ThreadBackend
 
@@ -62,8 +62,9 @@ class _Machinery:
             backend.close()
         pool, self.pool = self.pool, None
         if pool is not None:
-            _PARENT_FDS.discard(pool.fd)
-            pool.close_fd()
+            with processes.FDS_LOCK:
+                parent_fd(pool.fd, add=False)
+                pool.close_fd()
 
 
 class Prefetch(View):
@@ -119,10 +120,11 @@ class Prefetch(View):
                 m.backend = ThreadBackend(self.src, self.nworkers, self.start_hook)
             else:
                 m.pool = SlotPool(self.shm_size, self.max_buffered)
-                _PARENT_FDS.add(m.pool.fd)
+                parent_fd(m.pool.fd, add=True)
                 m.backend = ProcessBackend(self.src, self.nworkers, self.start_hook, self.mp_context, m.pool)
-                _PARENT_FDS.discard(m.pool.fd)
-                m.pool.close_fd()  # every worker holds its own descriptor or mapping now
+                with processes.FDS_LOCK:  # every worker holds its own descriptor or mapping now
+                    parent_fd(m.pool.fd, add=False)
+                    m.pool.close_fd()
         except BaseException:
             m.stop()
             raise
@@ -218,8 +220,8 @@ class Prefetch(View):
     def _jump(self, i: int) -> None:
         self._stats["jumps"] += 1
         delta = i - self._last if self._last is not None else 0
-        if delta != 0 and delta == self._delta and abs(delta) <= 64:
-            self._stride = delta  # the same step twice: the reader walks with this stride
+        if delta != 0 and delta == self._delta:
+            self._stride = delta  # the same step twice: the reader walks with this stride (any size)
         self._delta = delta
         self._pos, self._gen, s = i, self._gen + 1, self._stride
         end = i + self._horizon() * s  # what the old window would have reached

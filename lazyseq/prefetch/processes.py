@@ -7,11 +7,13 @@ sentinels together, so a dead worker is seen as soon as it dies.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import select
 import signal
 import struct
+import threading
 import time
 from collections.abc import Callable
 from multiprocessing import connection, reduction
@@ -25,8 +27,28 @@ from .slots import JobSlot, SlotPool
 
 # Parent-side descriptors of every live worker pipe and segment of this process. A forked worker
 # closes all of them, so a worker never keeps another one's pipe open: when the reader's process
-# dies, every worker reads end-of-file.
+# dies, every worker reads end-of-file. The lock keeps a fork's list from naming a descriptor that
+# another thread closes (and the number gets reused) before the child closes it.
 _PARENT_FDS: set[int] = set()
+FDS_LOCK = threading.RLock()
+
+
+def _forget_parent_fds() -> None:  # a forked child owns none of them (and no thread holds its lock)
+    global FDS_LOCK
+    FDS_LOCK = threading.RLock()
+    _PARENT_FDS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parent_fds)
+
+
+def parent_fd(fd: int, add: bool) -> None:
+    with FDS_LOCK:
+        if add:
+            _PARENT_FDS.add(fd)
+        else:
+            _PARENT_FDS.discard(fd)
 _AFFINITY = 2
 
 
@@ -140,23 +162,24 @@ class ProcessBackend:
             except Exception as e:
                 raise TypeError(f"prefetch: the sequence cannot be pickled to start {self.method!r} workers "
                                 f"({e}); use mp_context='fork' or make it picklable") from e
-        try:
-            for k in range(nworkers):
-                mine, theirs = ctx.Pipe(duplex=True)
-                self.conns.append(mine)
-                _PARENT_FDS.add(mine.fileno())
-                shm = pool.fd if fork else _FdForChild(pool.fd)
-                close = sorted(_PARENT_FDS - {pool.fd}) if fork else []
-                p = ctx.Process(target=worker_main, name=f"lazyseq-prefetch-{k}",
-                                args=(k, theirs, args_seq, args_hook, shm, pool.slot_size, pool.nslots, close,
-                                      os.getpid(), not fork))
-                p.start()
-                theirs.close()
-                self.procs.append(p)
-                self.load.append(0)
-        except BaseException:
-            self.close()
-            raise
+        with FDS_LOCK if fork else contextlib.nullcontext():  # spawn children inherit no descriptors
+            try:
+                for k in range(nworkers):
+                    mine, theirs = ctx.Pipe(duplex=True)
+                    self.conns.append(mine)
+                    _PARENT_FDS.add(mine.fileno())
+                    shm = pool.fd if fork else _FdForChild(pool.fd)
+                    close = sorted(_PARENT_FDS - {pool.fd}) if fork else []
+                    p = ctx.Process(target=worker_main, name=f"lazyseq-prefetch-{k}",
+                                    args=(k, theirs, args_seq, args_hook, shm, pool.slot_size, pool.nslots, close,
+                                          os.getpid(), not fork))
+                    p.start()
+                    theirs.close()
+                    self.procs.append(p)
+                    self.load.append(0)
+            except BaseException:
+                self.close()
+                raise
         self.sentinels = {p.sentinel: k for k, p in enumerate(self.procs)}
         self.fds = {c.fileno(): k for k, c in enumerate(self.conns)}
         self.poller: Any = None
@@ -251,9 +274,10 @@ class ProcessBackend:
 
     def close(self, grace: float = 0.3) -> None:
         self.stopping = True
-        for c in self.conns:
-            _PARENT_FDS.discard(c.fileno())
-            c.close()  # idle workers read end-of-file and return at once
+        with FDS_LOCK:
+            for c in self.conns:
+                _PARENT_FDS.discard(c.fileno())
+                c.close()  # idle workers read end-of-file and return at once
         deadline = time.monotonic() + grace
         for p in self.procs:
             p.join(max(0.0, deadline - time.monotonic()))
