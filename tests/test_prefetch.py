@@ -538,6 +538,25 @@ def test_a_forked_copy_of_a_started_prefetch_starts_its_own_workers():
     inner.close()
 
 
+def test_jumping_about_behind_a_stuck_worker_never_blocks_the_reader():
+    # Each read gives up the last job: without a cap, records pile up in the stuck worker's pipe
+    # until sending one blocks the reader (about 1600 of them), past any timeout.
+    def stuck_at_zero(x):
+        if x == 0:
+            time.sleep(60)
+        return x
+
+    with mk(ls.smap(stuck_at_zero, range(10_000)), "process", nworkers=1, timeout=0.002) as p:
+        with pytest.raises(ls.PrefetchTimeout):
+            p[0]
+        start = time.monotonic()
+        for k in range(1, 2500):
+            with pytest.raises(ls.PrefetchTimeout):
+                p[k * 3]
+        assert time.monotonic() - start < 30
+        assert max(p._m.backend.load) <= processes.MAX_QUEUED
+
+
 def test_threads_starting_and_closing_fork_prefetches_at_once():
     errors, barrier = [], threading.Barrier(4)
 

@@ -283,7 +283,8 @@ class Prefetch(View):
         shm = pool is not None and pool.nslots > 0
         # Until a first chunk is back, what an item costs (time, bytes) is unknown: one job per worker.
         ramp = self._ramp if self._stats["items"] else min(self._ramp, self.nworkers)
-        while len(self._jobs) - len(self._cancelled) < ramp:
+        backend = self._m.backend
+        while len(self._jobs) - len(self._cancelled) < ramp and backend is not None and not backend.full():
             ahead = (self._front - self._pos) // self._stride
             if ahead >= self._horizon():
                 return
@@ -361,6 +362,9 @@ class Prefetch(View):
 
     def _schedule_item(self, i: int) -> None:
         """The wanted item has no job (every slot taken by stale work): give it one of its own."""
+        backend = self._m.backend
+        if backend is None or backend.full():
+            return  # the workers are behind on records already: wait for answers (or the timeout)
         slot = self._slot()
         if slot is None and self._m.pool is not None and self._m.pool.nslots:
             self._stats["fallbacks"] += 1

@@ -43,6 +43,12 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_parent_fds)
 
 
+# Job records a worker may have waiting on its pipe: 256 x 40 bytes stays far below a pipe's
+# buffer, so sending a record never blocks the reader, even behind a worker stuck on one item
+# while the reader jumps about and gives up job after job.
+MAX_QUEUED = 256
+
+
 def parent_fd(fd: int, add: bool) -> None:
     with FDS_LOCK:
         if add:
@@ -191,6 +197,10 @@ class ProcessBackend:
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
+
+    def full(self) -> bool:
+        """Every worker has MAX_QUEUED records waiting: send no more until some are answered."""
+        return min(self.load) >= MAX_QUEUED
 
     def submit(self, job_id: int, r: range, slot: int | None) -> None:
         k = min(range(len(self.load)), key=self.load.__getitem__)

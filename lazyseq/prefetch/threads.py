@@ -51,6 +51,9 @@ class ThreadBackend:
                 self.done.append((job_id, items, time.perf_counter() - t))
                 self.cond.notify_all()
 
+    def full(self) -> bool:  # an in-process queue: never blocks the reader
+        return False
+
     def submit(self, job_id: int, r: range, slot: int | None) -> None:
         with self.cond:
             self.jobs.append((job_id, r))
