@@ -538,17 +538,24 @@ def test_a_forked_copy_of_a_started_prefetch_starts_its_own_workers():
     inner.close()
 
 
-def test_jumping_about_behind_a_stuck_worker_never_blocks_the_reader():
+def test_jumping_about_behind_a_stuck_worker_never_blocks_the_reader(tmp_path):
     # Each read gives up the last job: without a cap, records pile up in the stuck worker's pipe
     # until sending one blocks the reader (about 1600 of them), past any timeout.
+    marker = tmp_path / "stuck"
+
     def stuck_at_zero(x):
         if x == 0:
+            marker.touch()
             time.sleep(60)
         return x
 
     with mk(ls.smap(stuck_at_zero, range(10_000)), "process", nworkers=1, timeout=0.002) as p:
         with pytest.raises(ls.PrefetchTimeout):
             p[0]
+        deadline = time.monotonic() + 10
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert marker.exists()  # the worker is inside item 0 now
         start = time.monotonic()
         for k in range(1, 2500):
             with pytest.raises(ls.PrefetchTimeout):
