@@ -3,7 +3,9 @@
 A view implements ``__len__`` and ``_get(i)`` (``i`` a valid non-negative ``int``); everything a
 user can pass as a key is checked and normalised here, at the top, so views call each other's
 ``_get`` without re-checking. ``_get_many(idx)`` reads many valid indices in one call; views
-override it where they can do better than a loop (prefetch workers evaluate chunks with it).
+override it where they can do better than a loop. ``_get_each(idx)`` does the same but does not
+stop at an item that raises: prefetch workers evaluate chunks with it, so one bad item neither
+loses nor re-computes the others.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import numpy as np
 
 from .errors import EvaluationError, NotWrapped, wrap_error
 
-__all__ = ["View", "Slice", "Gather", "Exhausted", "gather", "take", "reader", "read_many", "length"]
+__all__ = ["View", "Slice", "Gather", "Exhausted", "Failed", "gather", "take", "reader", "read_many", "read_each",
+           "length"]
 
 
 class Exhausted(IndexError):
@@ -26,6 +29,31 @@ class Exhausted(IndexError):
     Iterating a view without ``len`` stops on this error only: any other ``IndexError`` met while
     reading an item is a bug in the pipeline (a bad gather index...) and is raised.
     """
+
+
+class Failed:
+    """An item of a ``_get_each`` result whose read raised: the exception, as ``_get`` raises it."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def each(get: Callable[[int], Any], idx: Sequence[int]) -> list:
+    """``[get(i) for i in idx]`` with ``Failed(error)`` for the items that raise; after an
+    ``Exhausted`` (the end of a source of unknown size) every later item is that same failure."""
+    out: list = []
+    add = out.append
+    for k, i in enumerate(idx):
+        try:
+            add(get(i))
+        except Exhausted as e:
+            out.extend([Failed(e)] * (len(idx) - k))
+            break
+        except Exception as e:
+            add(Failed(e))
+    return out
 
 
 class View(Sequence):
@@ -45,6 +73,19 @@ class View(Sequence):
     def _get_many(self, idx: Sequence[int]) -> list:
         get = self._get
         return [get(i) for i in idx]
+
+    def _get_each(self, idx: Sequence[int]) -> list:
+        """``_get_many`` that goes past failures: an item whose read raises is ``Failed(error)``.
+
+        Views that map indices or apply a function override it so that every item is read once;
+        here, a view with a bulk read of its own tries it and, if it raises, reads item by item.
+        """
+        if type(self)._get_many is not View._get_many:
+            try:
+                return self._get_many(idx)
+            except Exception:
+                pass
+        return each(self._get, idx)
 
     def _set(self, i: int, value: Any) -> None:
         raise TypeError(
@@ -202,6 +243,16 @@ class View(Sequence):
         return self.__repr__()
 
 
+def raised(err: BaseException, i: int, view: View) -> BaseException:
+    """The exception ``view[i]`` raises when ``view._get(i)`` raised ``err``."""
+    if isinstance(err, (IndexError, NotWrapped)):
+        return err
+    if isinstance(err, EvaluationError):
+        _note(err, i, view)
+        return err
+    return wrap_error(err, i, view)
+
+
 def _note(err: EvaluationError, i: int, view: View) -> None:
     """Say which top-level read led to an error raised deeper in the pipeline."""
     desc = view.describe()
@@ -302,6 +353,13 @@ def read_many(src: Any, idx: Sequence[int]) -> list:
     return list(map(src.__getitem__ if hasattr(src, "__len__") else _UnsizedReader(src), idx))
 
 
+def read_each(src: Any, idx: Sequence[int]) -> list:
+    """:func:`read_many` going past failures: ``Failed(error)`` for each item that raises."""
+    if isinstance(src, View):
+        return src._get_each(idx)
+    return each(src.__getitem__ if hasattr(src, "__len__") else _UnsizedReader(src), idx)
+
+
 def length(src: Any) -> int | None:
     """``len(src)``, or None for an infinite view or a source without len."""
     if isinstance(src, View):
@@ -365,6 +423,10 @@ class Slice(View):
         r = self.r
         js = [r[i] for i in idx]
         return self.src._get_many(js) if self._srcview else list(map(self._rd, js))
+
+    def _get_each(self, idx: Sequence[int]) -> list:
+        r = self.r
+        return read_each(self.src, [r[i] for i in idx])
 
     def _set(self, i: int, value: Any) -> None:
         self.src[self.r[i]] = value
@@ -472,7 +534,7 @@ class Gather(View):
                 raise
         return self._rd(self._index(j))
 
-    def _get_many(self, idx: Sequence[int]) -> list:
+    def _source_indices(self, idx: Sequence[int]) -> list[int]:
         ind = self.indexes
         if self._list:
             js = [ind[i] for i in idx]
@@ -480,14 +542,31 @@ class Gather(View):
             js = ind[np.asarray(idx, dtype=np.int64)].tolist() if len(idx) > 32 else [int(ind[i]) for i in idx]
         else:
             js = read_many(ind, idx)
-        if not self._trust:
-            js = [self._index(j) for j in js]
+        return js if self._trust else [self._index(j) for j in js]
+
+    def _get_many(self, idx: Sequence[int]) -> list:
+        js = self._source_indices(idx)
         try:
             return self.src._get_many(js) if self._srcview else list(map(self._rd, js))
         except IndexError:
             for j in js:
                 self._index(j)
             raise
+
+    def _get_each(self, idx: Sequence[int]) -> list:
+        try:
+            js = self._source_indices(idx)
+        except Exception:  # a bad index among them: find which, item by item
+            return each(self._get, idx)
+        out = read_each(self.src, js)
+        if self._trust:  # as _get does: an IndexError from the source may be a bad index of ours
+            for k, x in enumerate(out):
+                if type(x) is Failed and isinstance(x.error, IndexError) and not isinstance(x.error, Exhausted):
+                    try:
+                        self._index(js[k])
+                    except IndexError as e:
+                        out[k] = Failed(e)
+        return out
 
     def _set(self, i: int, value: Any) -> None:
         self.src[self._index(self._ird(i))] = value

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import View, check_source, length, read_many
+from .base import View, check_source, each, length, read_many
 from .prefetch import Prefetch, empty, prefetch
 from .views.indexing import arange, gather, shard, shuffle
 from .views.mapping import smap
@@ -95,6 +95,13 @@ class _Epochs(View):
         if e0 == e1 and isinstance(idx, range) and idx.step == 1:
             return self._epoch(e0)._get_many(range(b0, b0 + len(idx)))
         return [self._get(i) for i in idx]
+
+    def _get_each(self, idx: Sequence[int]) -> list:
+        e0, b0 = divmod(idx[0], self.per_epoch)
+        e1, _ = divmod(idx[-1], self.per_epoch)
+        if e0 == e1 and isinstance(idx, range) and idx.step == 1:
+            return self._epoch(e0)._get_each(range(b0, b0 + len(idx)))
+        return each(self._get, idx)
 
     def describe(self) -> str:
         return f"epochs({self.per_epoch} batches each)"

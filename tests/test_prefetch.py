@@ -564,6 +564,45 @@ def test_jumping_about_behind_a_stuck_worker_never_blocks_the_reader(tmp_path):
         assert max(p._m.backend.load) <= processes.MAX_QUEUED
 
 
+@pytest.mark.parametrize("method", ["thread", "process"])
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_failing_item_costs_the_others_no_second_evaluation(method, batched):
+    import multiprocessing
+
+    counts = multiprocessing.get_context("fork").Array("i", 300)  # shared with forked workers
+
+    def f(x):
+        with counts.get_lock():
+            counts[x] += 1
+        if x % 17 == 5:
+            raise ValueError(f"bad record {x}")
+        return x
+
+    seq = ls.smap(f, ls.shuffle(range(300), seed=3))
+    order = ls.shuffle(range(300), seed=3).order()
+    if batched:
+        seq = ls.batch(seq, 4, collate_fn=list)
+    failed = []
+    with mk(seq, method, nworkers=2) as p:
+        for i in range(len(p)):
+            try:
+                got = p[i]
+            except ls.EvaluationError as e:
+                failed.append(i)
+                assert "bad record" in str(e)
+            else:
+                want = order[4 * i : 4 * i + 4] if batched else order[i]
+                assert got == want
+        assert p.stats()["jobs"] < len(p) // 2  # chunks of several items: the case that matters
+    if batched:
+        assert failed == [b for b in range(75) if any(x % 17 == 5 for x in order[4 * b : 4 * b + 4])]
+        assert set(counts) <= {0, 1}  # a failing batch stops at its failing item
+        assert all(counts[x] == 1 for b in range(75) if b not in failed for x in order[4 * b : 4 * b + 4])
+    else:
+        assert failed == [i for i in range(300) if order[i] % 17 == 5]
+        assert list(counts) == [1] * 300
+
+
 def test_threads_starting_and_closing_fork_prefetches_at_once():
     errors, barrier = [], threading.Barrier(4)
 

@@ -224,9 +224,26 @@ STAGES = {
 }
 
 
+class FlakyList:
+    """A plain (non-view) list whose reads at the positions in ``bad`` raise, counting every read."""
+
+    def __init__(self, items: list):
+        self.items, self.bad, self.reads = items, set(), 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int):
+        self.reads += 1
+        x = self.items[i]  # raises IndexError for a bad index, as a list does
+        if i % len(self.items) in self.bad:
+            raise ValueError(f"bad record {x}")
+        return x
+
+
 class Pipeline:
-    def __init__(self, src: list, view, pos: list, stages: list[str], layers: list):
-        self.src, self.view, self.pos, self.stages, self.layers = src, view, pos, stages, layers
+    def __init__(self, src: list, view, pos: list, stages: list[str], layers: list, root=None):
+        self.src, self.view, self.pos, self.stages, self.layers, self.root = src, view, pos, stages, layers, root
 
     def ref(self) -> list:
         return [self.src[p] for p in self.pos]
@@ -236,17 +253,18 @@ class Pipeline:
 
 
 @st.composite
-def pipelines(draw, max_n: int = 30, max_stages: int = 4):
+def pipelines(draw, max_n: int = 30, max_stages: int = 4, flaky: bool = False, stage_names: list[str] | None = None):
     n = draw(st.integers(0, 4) | st.integers(5, max_n) | st.integers(12, max_n))  # not mostly tiny
     src = [f"s{i}" for i in range(n)]
-    view, pos, layers = src, list(range(n)), []
-    stages = draw(st.lists(st.sampled_from(sorted(STAGES)), min_size=1, max_size=max_stages))
+    root = FlakyList(src) if flaky else None
+    view, pos, layers = (src if root is None else root), list(range(n)), []
+    stages = draw(st.lists(st.sampled_from(sorted(stage_names or STAGES)), min_size=1, max_size=max_stages))
     for name in stages:
         view, pos = STAGES[name](draw, view, pos)
         if len(pos) > 60:  # keep examples small: cut long intermediate results
             view, pos = view[:60], pos[:60]
         layers.append((view, pos))
-    return Pipeline(src, view, pos, stages, layers)
+    return Pipeline(src, view, pos, stages, layers, root)
 
 
 _counter = itertools.count()
@@ -254,6 +272,52 @@ _counter = itertools.count()
 
 def fresh(k: int) -> list[str]:
     return [f"w{next(_counter)}" for _ in range(k)]
+
+
+# -- bulk reads that go past failures (what prefetch workers evaluate chunks with) ------------------
+def outcome(view, i):
+    try:
+        return view[i]
+    except Exception as e:
+        return e
+
+
+def check_each(p: Pipeline, data) -> tuple[int, int]:
+    """``_get_each`` gives what reading item by item gives: the value, or the same exception (type
+    and message). Returns the source reads of both ways."""
+    m, root = len(p.pos), p.root
+    root.bad = set(data.draw(st.lists(st.integers(0, len(p.src) - 1), max_size=4))) if p.src else set()
+    view = p.view if isinstance(p.view, ls.View) else ls.gather(p.view, range(len(p.view)))
+    if data.draw(st.booleans()):
+        view = ls.smap(str.upper, view)
+    idx = data.draw(st.lists(st.integers(0, m - 1), max_size=25)) if m else []
+    root.reads = 0
+    expected = [outcome(view, i) for i in idx]
+    one_by_one, root.reads = root.reads, 0
+    got = view._get_each(idx)
+    assert len(got) == len(idx)
+    for i, g, e in zip(idx, got, expected):
+        if isinstance(e, Exception):
+            assert type(g) is ls.base.Failed, (i, g, e)
+            err = ls.base.raised(g.error, i, view)
+            assert type(err) is type(e) and str(err) == str(e)
+        else:
+            assert g == e
+    return one_by_one, root.reads
+
+
+@SETTINGS
+@given(pipelines(max_stages=3, flaky=True), st.data())
+def test_bulk_reads_go_past_failing_items(p: Pipeline, data):
+    check_each(p, data)
+
+
+@SETTINGS
+@given(pipelines(max_stages=3, flaky=True, stage_names=["gather", "slice", "index_list", "cycle", "shuffle", "shard"]),
+       st.data())
+def test_bulk_reads_through_index_views_read_each_item_once(p: Pipeline, data):
+    one_by_one, bulk = check_each(p, data)
+    assert bulk == one_by_one  # no item read again after a failure
 
 
 # -- flat pipelines --------------------------------------------------------------------------------

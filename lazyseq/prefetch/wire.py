@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import Exhausted, View, read_many, reader
+from ..base import Exhausted, Failed, View, raised, read_many, reader
 from .slots import JobSlot
 
 JOB = struct.Struct("<qqqqq")  # job id, first index, step, count, slot (-1: no slot)
@@ -73,12 +73,32 @@ def picklable(exc: BaseException) -> BaseException:
 
 
 def evaluate(seq: Any, idx: range, portable: bool = True) -> list:
-    """The items ``idx`` of ``seq``: one bulk read; on failure, item by item so that the failing
-    items are named and the others still arrive."""
-    try:
-        return read_many(seq, idx)
-    except BaseException:
-        pass
+    """The items ``idx`` of ``seq`` in one bulk read that goes past failing items (``_get_each``):
+    a failing item becomes an ``ItemError`` naming it, the others arrive, each computed once (in
+    views that can tell the failing items apart: see ``View._get_each``). If the bulk read itself
+    breaks (a ``BaseException`` such as ``SystemExit``), item by item."""
+    if isinstance(seq, View):
+        try:
+            items = seq._get_each(idx)
+        except BaseException:
+            items = None
+        if items is not None:
+            end = None  # the first item past the end of a source of unknown size
+            for k, x in enumerate(items):
+                if type(x) is Failed:
+                    if end is None:
+                        i, err = idx[k], x.error
+                        items[k] = ItemError(i, raised(err, i, seq), portable)
+                        if isinstance(err, Exhausted):
+                            end = items[k]
+                    else:
+                        items[k] = end
+            return items
+    else:
+        try:
+            return read_many(seq, idx)
+        except BaseException:
+            pass
     out: list = []
     get = seq.__getitem__ if isinstance(seq, View) else reader(seq)  # the view's checks and error wrapping
     for k, i in enumerate(idx):

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import Exhausted, Routed, View, check_source, compose, gather, is_finite, length, read_many, reader, take
+from ..base import Exhausted, Routed, View, check_source, compose, gather, is_finite, length, read_each, read_many, reader, take
 
 __all__ = ["gather", "take", "arange", "cycle", "repeat", "interleave", "switch", "case", "uniter",
            "shuffle", "shard"]
@@ -86,6 +86,10 @@ class Cycle(View):
     def _get_many(self, idx: Sequence[int]) -> list:
         n = len(self.src)
         return read_many(self.src, [i % n for i in idx])
+
+    def _get_each(self, idx: Sequence[int]) -> list:
+        n = len(self.src)
+        return read_each(self.src, [i % n for i in idx])
 
     def _set(self, i: int, value: Any) -> None:
         self.src[i % len(self.src)] = value
@@ -429,6 +433,9 @@ class Shuffle(View):
     def _get_many(self, idx: Sequence[int]) -> list:
         return read_many(self.src, self._permute_many(idx))
 
+    def _get_each(self, idx: Sequence[int]) -> list:
+        return read_each(self.src, self._permute_many(idx))
+
     def _set(self, i: int, value: Any) -> None:
         self.src[self._permute(i)] = value
 
@@ -478,6 +485,10 @@ class Shard(View):
     def _get_many(self, idx: Sequence[int]) -> list:
         a, c = self.index, self.count
         return read_many(self.src, [a + i * c for i in idx])
+
+    def _get_each(self, idx: Sequence[int]) -> list:
+        a, c = self.index, self.count
+        return read_each(self.src, [a + i * c for i in idx])
 
     def _set(self, i: int, value: Any) -> None:
         self.src[self.index + i * self.count] = value

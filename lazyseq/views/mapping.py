@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..base import View, check_source, checks_keys, fname, is_finite, length, read_many, reader
+from ..base import Failed, View, check_source, checks_keys, fname, is_finite, length, read_each, read_many, reader
 from ..errors import wrap_error
 
 __all__ = ["smap", "starmap"]
@@ -67,6 +67,21 @@ class Map(View):
                 add(f(*args))
         except Exception as e:
             raise wrap_error(e, idx[len(out)], self)  # noqa: B904
+        return out
+
+    def _get_each(self, idx: Sequence[int]) -> list:
+        if self.src is None:  # several sources: the default (bulk, then item by item if it fails)
+            return View._get_each(self, idx)
+        f, star, out = self.f, self.star, []
+        add = out.append
+        for i, x in zip(idx, read_each(self.src, idx)):
+            if type(x) is Failed:
+                add(x)
+                continue
+            try:
+                add(f(*x) if star else f(x))
+            except Exception as e:
+                add(Failed(wrap_error(e, i, self)))
         return out
 
     def children(self) -> tuple:
