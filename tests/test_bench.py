@@ -64,3 +64,7 @@ def test_bench_prefetch_runs_only_the_parts_asked(tmp_path):
     other = subprocess.run([sys.executable, "-m", "lazyseq.bench", "views", "--rounds", "2"],
                            capture_output=True, text=True, timeout=60)
     assert other.returncode == 2 and "prefetch" in other.stderr
+    for rounds in (["--rounds", "0"], ["--rounds", "-1"], ["--rounds", "2", "--quick"]):
+        bad = subprocess.run([sys.executable, "-m", "lazyseq.bench", "prefetch", *rounds],
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and ">= 1" in bad.stderr, rounds

@@ -1,8 +1,10 @@
 import gc
+import multiprocessing
 import os
 import pickle
 import random
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -14,7 +16,7 @@ import numpy as np
 import pytest
 
 import lazyseq as ls
-from lazyseq.prefetch import processes
+from lazyseq.prefetch import processes, wire
 
 METHODS = [("thread", None), ("process", "fork"), ("process", "forkserver"), ("process", "spawn")]
 
@@ -540,7 +542,7 @@ def test_a_forked_copy_of_a_started_prefetch_starts_its_own_workers():
 
 def test_jumping_about_behind_a_stuck_worker_never_blocks_the_reader(tmp_path):
     # Each read gives up the last job: without a cap, records pile up in the stuck worker's pipe
-    # until sending one blocks the reader (about 1600 of them), past any timeout.
+    # until sending one blocks the reader (about 160-280 of them fit a socket pair), past any timeout.
     marker = tmp_path / "stuck"
 
     def stuck_at_zero(x):
@@ -557,7 +559,7 @@ def test_jumping_about_behind_a_stuck_worker_never_blocks_the_reader(tmp_path):
             time.sleep(0.01)
         assert marker.exists()  # the worker is inside item 0 now
         start = time.monotonic()
-        for k in range(1, 2500):
+        for k in range(1, 600):
             with pytest.raises(ls.PrefetchTimeout):
                 p[k * 3]
         assert time.monotonic() - start < 30
@@ -567,8 +569,6 @@ def test_jumping_about_behind_a_stuck_worker_never_blocks_the_reader(tmp_path):
 @pytest.mark.parametrize("method", ["thread", "process"])
 @pytest.mark.parametrize("batched", [False, True])
 def test_a_failing_item_costs_the_others_no_second_evaluation(method, batched):
-    import multiprocessing
-
     counts = multiprocessing.get_context("fork").Array("i", 300)  # shared with forked workers
 
     def f(x):
@@ -603,6 +603,78 @@ def test_a_failing_item_costs_the_others_no_second_evaluation(method, batched):
         assert list(counts) == [1] * 300
 
 
+def _records_before_blocking(conn) -> int:
+    s = socket.socket(fileno=os.dup(conn.fileno()))
+    try:
+        s.setblocking(False)
+        rec = wire.JOB.pack(1, 2, 3, 4, 5)
+        msg = len(rec).to_bytes(4, "big", signed=True) + rec  # what Connection.send_bytes writes
+        n = 0
+        try:
+            while n < 100_000:
+                s.send(msg)
+                n += 1
+        except BlockingIOError:
+            pass
+        return n
+    finally:
+        s.close()
+
+
+def test_max_queued_records_stay_far_below_what_the_worker_connection_holds():
+    a, b = multiprocessing.get_context("fork").Pipe(duplex=True)
+    try:
+        capacity = _records_before_blocking(a)
+    finally:
+        a.close()
+        b.close()
+    assert processes.MAX_QUEUED * 2 <= capacity, capacity  # "far below": a 2x margin at least
+
+
+def test_jumping_behind_a_stuck_worker_does_not_block_with_a_smaller_socket_buffer(tmp_path):
+    # The same scenario as test_jumping_about_behind_a_stuck_worker_never_blocks_the_reader, on a
+    # connection holding ~166 records (what a CONFIG_MAX_SKB_FRAGS=45 kernel gives by default).
+    marker = tmp_path / "stuck"
+
+    def stuck_at_zero(x):
+        if x == 0:
+            marker.touch()
+            time.sleep(30)
+        return x
+
+    p = ls.prefetch(ls.smap(stuck_at_zero, range(10_000)), nworkers=1, method="process", mp_context="fork",
+                    timeout=0.002)
+    for c in p._m.backend.conns:
+        s = socket.socket(fileno=os.dup(c.fileno()))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64000)  # the kernel doubles it: 128000
+        s.close()
+    state = {"k": 0, "done": False}
+
+    def reader():
+        try:
+            with pytest.raises(ls.PrefetchTimeout):
+                p[0]
+            deadline = time.monotonic() + 10
+            while not marker.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            for k in range(1, 600):
+                state["k"] = k
+                with pytest.raises(ls.PrefetchTimeout):
+                    p[k * 3]
+            state["done"] = True
+        except BaseException as e:  # reported below
+            state["error"] = e
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    t.join(20)
+    blocked = t.is_alive()
+    p.close()  # terminates the worker: a reader blocked in send gets an error and returns
+    t.join(10)
+    assert not blocked, f"the reader blocked in send at read {state['k']} (a PrefetchTimeout was due)"
+    assert state["done"], state.get("error")
+
+
 def test_threads_starting_and_closing_fork_prefetches_at_once():
     errors, barrier = [], threading.Barrier(4)
 
@@ -622,6 +694,36 @@ def test_threads_starting_and_closing_fork_prefetches_at_once():
         t.join(60)
     assert not errors and not any(t.is_alive() for t in threads)
     assert not processes._PARENT_FDS  # every closed prefetch forgot its descriptors
+
+
+def test_close_from_another_thread_while_the_reader_is_busy_gives_prefetch_closed():
+    # Whatever the reader was doing (sending a job, collecting, rebuilding from a slot), it gets
+    # PrefetchClosed, not an error of the machinery close() took away (a crash, an IndexError).
+    def f(x):
+        time.sleep((x % 7) * 0.0003)
+        return np.full(100, x)
+
+    outcomes = []
+    for seed in range(25):
+        rnd = random.Random(seed)
+        p = mk(ls.smap(f, range(100_000)), "process", shm_size=1 << 20, max_buffered=4)
+
+        def read(p, rnd):
+            i = 0
+            try:
+                while True:
+                    i = i + 1 if rnd.random() < 0.8 else rnd.randrange(100_000)
+                    assert p[i][0] == i
+            except BaseException as e:
+                outcomes.append(e)
+
+        t = threading.Thread(target=read, args=(p, random.Random(seed + 100)))
+        t.start()
+        time.sleep(rnd.random() * 0.2)
+        p.close()
+        t.join(10)
+        assert not t.is_alive()
+    assert all(isinstance(e, ls.PrefetchClosed) for e in outcomes), outcomes
 
 
 def test_close_from_another_thread_stops_a_waiting_reader():

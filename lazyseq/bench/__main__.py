@@ -20,9 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, metavar="N", help="prefetch: rounds per loader (start-up: tries)")
     args = ap.parse_args(argv)
     options = {}
-    if args.only or args.rounds:
+    if args.only or args.rounds is not None:
         if args.scenario != "prefetch":
             ap.error("--only and --rounds apply to the prefetch scenario")
+        if args.rounds is not None and (args.rounds < 1 or args.quick):
+            ap.error("--rounds takes a number >= 1, without --quick")
         options = {"only": args.only.split(",") if args.only else None, "rounds": args.rounds}
     results = importlib.import_module(SCENARIOS[args.scenario]).run(quick=args.quick, **options)
     if args.json:

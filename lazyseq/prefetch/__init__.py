@@ -178,12 +178,18 @@ class Prefetch(View):
                 # the window stays where it is.
                 value = self._wait(i) if i == self._last else self._read(i)
             except (IndexError, PrefetchTimeout):
+                if isinstance(self._error, PrefetchClosed):  # close() from another thread meanwhile
+                    raise self._error from None
                 raise  # about this item only: the prefetch goes on
             except BaseException as e:  # a crash, a failed start, Ctrl-C, close(): stop every worker
+                if isinstance(self._error, PrefetchClosed) and not isinstance(e, KeyboardInterrupt):
+                    raise self._error from None  # whatever close() from another thread broke on the way
                 self.close()
                 self._error = PrefetchClosed("prefetch: stopped by KeyboardInterrupt; create a new one") \
                     if isinstance(e, KeyboardInterrupt) else e
                 raise
+            if isinstance(self._error, PrefetchClosed):  # close() ran meanwhile: a waiting reader gets PrefetchClosed
+                raise self._error
             return self._deliver(i, value)
 
     def _read(self, i: int) -> Any:

@@ -43,10 +43,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_parent_fds)
 
 
-# Job records a worker may have waiting on its pipe: 256 x 40 bytes stays far below a pipe's
-# buffer, so sending a record never blocks the reader, even behind a worker stuck on one item
-# while the reader jumps about and gives up job after job.
-MAX_QUEUED = 256
+# Job records a worker may have waiting on its connection. A connection is a Unix socketpair,
+# whose send buffer (SO_SNDBUF, 208 KiB by default) is charged ~0.8-1.3 KiB per small record: ~160
+# to ~280 records fit before a send blocks. 64 stays far below, so sending never blocks the reader,
+# even behind a worker stuck on one item while the reader jumps about and gives up job after job.
+MAX_QUEUED = 64
 
 
 def parent_fd(fd: int, add: bool) -> None:
@@ -156,7 +157,7 @@ class ProcessBackend:
         self.procs: list = []
         self.conns: list[connection.Connection] = []
         self.load: list[int] = []  # jobs outstanding per worker
-        self.slot_worker: dict[int, int] = {}  # the worker that wrote each slot last
+        self.slot_worker: dict[int, int] = {}  # the worker that wrote each slot last (has it mapped)
         self._pending_crash: int | None = None  # a worker seen dead, reported by check()
         self.stopping = False
         fork = self.method == "fork"
@@ -203,13 +204,16 @@ class ProcessBackend:
         return min(self.load) >= MAX_QUEUED
 
     def submit(self, job_id: int, r: range, slot: int | None) -> None:
+        if self.stopping:
+            raise OSError("prefetch: the workers were stopped")
         k = min(range(len(self.load)), key=self.load.__getitem__)
         if slot is not None:
             # A slot's pages cost a fault per page in each worker that first writes them (1-2 us
             # each: a 4 MiB slot ~2 ms), so a slot stays with the worker that has it mapped.
-            w = self.slot_worker.setdefault(slot, k)
-            if self.load[w] <= self.load[k] + _AFFINITY:
+            w = self.slot_worker.get(slot, k)
+            if self.load[w] <= self.load[k] + _AFFINITY and self.load[w] < MAX_QUEUED:
                 k = w
+            self.slot_worker[slot] = k
         self.load[k] += 1
         try:
             self.conns[k].send_bytes(wire.JOB.pack(job_id, r.start, r.step, len(r), -1 if slot is None else slot))
@@ -217,6 +221,8 @@ class ProcessBackend:
             self._crashed(k)
 
     def _crashed(self, k: int) -> None:
+        if self.stopping:  # closed from another thread: not a crash
+            raise OSError("prefetch: the workers were stopped")
         p = self.procs[k]
         try:  # a worker that failed to start said why before exiting
             while self.conns[k].poll(0):
