@@ -41,16 +41,13 @@ class Failed:
 
 
 def each(get: Callable[[int], Any], idx: Sequence[int]) -> list:
-    """``[get(i) for i in idx]`` with ``Failed(error)`` for the items that raise; after an
-    ``Exhausted`` (the end of a source of unknown size) every later item is that same failure."""
+    """``[get(i) for i in idx]`` with ``Failed(error)`` for the items that raise (an ``Exhausted``
+    too: the indices may come in any order, so the items after one may still be there)."""
     out: list = []
     add = out.append
-    for k, i in enumerate(idx):
+    for i in idx:
         try:
             add(get(i))
-        except Exhausted as e:
-            out.extend([Failed(e)] * (len(idx) - k))
-            break
         except Exception as e:
             add(Failed(e))
     return out
@@ -426,7 +423,11 @@ class Slice(View):
 
     def _get_each(self, idx: Sequence[int]) -> list:
         r = self.r
-        return read_each(self.src, [r[i] for i in idx])
+        try:
+            js = [r[i] for i in idx]
+        except IndexError:  # a bad index from a gather that leaves the checks to us: item by item
+            return each(self._get, idx)
+        return read_each(self.src, js)
 
     def _set(self, i: int, value: Any) -> None:
         self.src[self.r[i]] = value
@@ -554,18 +555,35 @@ class Gather(View):
             raise
 
     def _get_each(self, idx: Sequence[int]) -> list:
-        try:
-            js = self._source_indices(idx)
-        except Exception:  # a bad index among them: find which, item by item
-            return each(self._get, idx)
-        out = read_each(self.src, js)
-        if self._trust:  # as _get does: an IndexError from the source may be a bad index of ours
-            for k, x in enumerate(out):
-                if type(x) is Failed and isinstance(x.error, IndexError) and not isinstance(x.error, Exhausted):
-                    try:
-                        self._index(js[k])
-                    except IndexError as e:
-                        out[k] = Failed(e)
+        ind = self.indexes
+        if self._list:
+            raw = [ind[i] for i in idx]
+        elif isinstance(ind, np.ndarray):
+            raw = ind[np.asarray(idx, dtype=np.int64)].tolist() if len(idx) > 32 else [int(ind[i]) for i in idx]
+        else:
+            raw = read_each(ind, idx)  # an index view: its failing items fail ours
+        out: list = [None] * len(idx)
+        at, js = [], []  # where the readable items go, and their source indices
+        for k, j in enumerate(raw):
+            if type(j) is Failed:
+                out[k] = j
+                continue
+            if not self._trust:
+                try:
+                    j = self._index(j)
+                except Exception as e:
+                    out[k] = Failed(e)
+                    continue
+            at.append(k)
+            js.append(j)
+        for k, j, x in zip(at, js, read_each(self.src, js)):
+            if self._trust and type(x) is Failed and isinstance(x.error, IndexError) \
+                    and not isinstance(x.error, Exhausted):
+                try:  # as _get does: an IndexError from the source may be a bad index of ours
+                    self._index(j)
+                except IndexError as e:
+                    x = Failed(e)
+            out[k] = x
         return out
 
     def _set(self, i: int, value: Any) -> None:

@@ -25,8 +25,8 @@ class EvaluationError(Exception):
         super().__init__(message)
         self.item, self.view = item, view
 
-    def __reduce__(self):  # keep item and view across pickling (prefetch workers send these back)
-        return (type(self), (self.args[0] if self.args else "", self.item, self.view))
+    def __reduce__(self):  # keep item, view and notes across pickling (prefetch workers send these back)
+        return (type(self), (self.args[0] if self.args else "", self.item, self.view), self.__dict__)
 
 
 class NotWrapped(Exception):
@@ -45,7 +45,7 @@ class WorkerCrashed(NotWrapped, RuntimeError):
         self.pid, self.exitcode = pid, exitcode
 
     def __reduce__(self):
-        return (type(self), (self.args[0] if self.args else "", self.pid, self.exitcode))
+        return (type(self), (self.args[0] if self.args else "", self.pid, self.exitcode), self.__dict__)
 
 
 class WorkerStartError(NotWrapped, RuntimeError):
@@ -65,7 +65,7 @@ class PrefetchTimeout(NotWrapped, TimeoutError):
         self.item = item
 
     def __reduce__(self):
-        return (type(self), (self.args[0] if self.args else "", self.item))
+        return (type(self), (self.args[0] if self.args else "", self.item), self.__dict__)
 
 
 # One setting for the whole process: a thread that flips it flips it for every thread, as the

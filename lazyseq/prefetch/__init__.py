@@ -212,8 +212,8 @@ class Prefetch(View):
         if passthrough():
             raise (err.__cause__ if isinstance(err, EvaluationError) and err.__cause__ is not None
                    and not isinstance(err.__cause__, wire.RemoteTraceback) else err)
-        if isinstance(err, EvaluationError):
-            raise err  # the base class notes which item of this prefetch was being read
+        if isinstance(err, (EvaluationError, IndexError)):
+            raise err  # as seq[i] raises it; the base class notes which item of this prefetch was read
         raise wrap_error(err, i, self)
 
     def _in_window(self, j: int) -> bool:
@@ -417,7 +417,7 @@ class Prefetch(View):
                 self._adapt(len(r), seconds, 0)
             self._stats["items"] += len(r)
             last = items[-1] if items else None
-            if type(last) is wire.ItemError and isinstance(last.error, Exhausted):
+            if not self.finite and type(last) is wire.ItemError and isinstance(last.error, Exhausted):
                 self._end = min(last.index, self._end if self._end is not None else last.index)
             if gen == self._gen:
                 self._ready.update(zip(r, items))

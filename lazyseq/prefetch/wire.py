@@ -77,22 +77,24 @@ def evaluate(seq: Any, idx: range, portable: bool = True) -> list:
     a failing item becomes an ``ItemError`` naming it, the others arrive, each computed once (in
     views that can tell the failing items apart: see ``View._get_each``). If the bulk read itself
     breaks (a ``BaseException`` such as ``SystemExit``), item by item."""
+    # Past the end of a source of unknown size (read with a step > 0), every later item of the
+    # chunk is past it too: they all get the error of the first such index.
+    unsized = not seq.finite if isinstance(seq, View) else not hasattr(seq, "__len__")
     if isinstance(seq, View):
         try:
             items = seq._get_each(idx)
         except BaseException:
             items = None
         if items is not None:
-            end = None  # the first item past the end of a source of unknown size
+            end = None
             for k, x in enumerate(items):
-                if type(x) is Failed:
-                    if end is None:
-                        i, err = idx[k], x.error
-                        items[k] = ItemError(i, raised(err, i, seq), portable)
-                        if isinstance(err, Exhausted):
-                            end = items[k]
-                    else:
-                        items[k] = end
+                if end is not None:
+                    items[k] = end
+                elif type(x) is Failed:
+                    i, err = idx[k], x.error
+                    items[k] = ItemError(i, raised(err, i, seq), portable)
+                    if unsized and isinstance(err, Exhausted):
+                        end = items[k]
             return items
     else:
         try:
@@ -104,7 +106,10 @@ def evaluate(seq: Any, idx: range, portable: bool = True) -> list:
     for k, i in enumerate(idx):
         try:
             out.append(get(i))
-        except Exhausted as e:  # a source of unknown size ended: so did the rest of the chunk
+        except Exhausted as e:
+            if not unsized:  # a finite view over a source of unknown size: this item only
+                out.append(ItemError(i, e, portable))
+                continue
             end = ItemError(i, e, portable)
             return out + [end] * (len(idx) - k)
         except BaseException as e:
