@@ -303,7 +303,7 @@ def details(runs: dict[str, Runs]) -> dict:
 
 
 def large(quick: bool, peers: set[str], rounds: int | None = None) -> dict:
-    n, rounds = (60, 1) if quick else (400, rounds or 5)
+    n, rounds = (60, 1) if quick else (400, rounds or 8)  # short rounds: more of them
     loaders: dict[str, tuple[Opener, Callable]] = {
         "lazyseq copy": (open_lazyseq(full_numpy, n, SHM_SIZE), check_sum(np_sum)),
         "lazyseq empty": (open_lazyseq(full_empty, n, SHM_SIZE), check_sum(np_sum)),

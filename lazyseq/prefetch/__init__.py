@@ -197,7 +197,8 @@ class Prefetch(View):
             self._jump(i)
         else:
             self._ramp = min(self.max_buffered, self._ramp * 2)
-        self._schedule()
+        if i not in self._ready:  # (a read in order usually finds its item there: nothing to start)
+            self._schedule()
         value = self._wait(i)
         self._last, self._pos = i, i + self._stride
         self._schedule()
@@ -285,18 +286,21 @@ class Prefetch(View):
         return range(self._front, -1, s)
 
     def _schedule(self) -> None:
-        pool = self._m.pool
-        shm = pool is not None and pool.nslots > 0
         # Until a first chunk is back, what an item costs (time, bytes) is unknown: one job per worker.
         ramp = self._ramp if self._stats["items"] else min(self._ramp, self.nworkers)
-        backend = self._m.backend
-        while len(self._jobs) - len(self._cancelled) < ramp and backend is not None and not backend.full():
+        if len(self._jobs) - len(self._cancelled) >= ramp:
+            return  # the usual case of a read in order: the window is full
+        pool, backend = self._m.pool, self._m.backend
+        shm = pool is not None and pool.nslots > 0
+        while len(self._jobs) - len(self._cancelled) < ramp:
             ahead = (self._front - self._pos) // self._stride
             if ahead >= self._horizon():
                 return
             if self._item_bytes and len(self._jobs) - len(self._cancelled) >= self.nworkers \
                     and ahead * self._item_bytes > _BUDGET:
                 return  # enough bytes ahead: more would be out of the cache when read
+            if backend is None or backend.full():
+                return
             rest = self._bound()
             count = self._chunk if rest is None else min(self._chunk, len(rest))
             if count <= 0:
