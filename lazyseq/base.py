@@ -535,18 +535,19 @@ class Gather(View):
                 raise
         return self._rd(self._index(j))
 
-    def _source_indices(self, idx: Sequence[int]) -> list[int]:
+    def _indices(self, idx: Sequence[int], read: Callable[[Any, Sequence[int]], list]) -> list:
+        """The entries ``idx`` of the index list (an index view is read with ``read``), unchecked."""
         ind = self.indexes
         if self._list:
-            js = [ind[i] for i in idx]
-        elif isinstance(ind, np.ndarray):
-            js = ind[np.asarray(idx, dtype=np.int64)].tolist() if len(idx) > 32 else [int(ind[i]) for i in idx]
-        else:
-            js = read_many(ind, idx)
-        return js if self._trust else [self._index(j) for j in js]
+            return [ind[i] for i in idx]
+        if isinstance(ind, np.ndarray):
+            return ind[np.asarray(idx, dtype=np.int64)].tolist() if len(idx) > 32 else [int(ind[i]) for i in idx]
+        return read(ind, idx)
 
     def _get_many(self, idx: Sequence[int]) -> list:
-        js = self._source_indices(idx)
+        js = self._indices(idx, read_many)
+        if not self._trust:
+            js = [self._index(j) for j in js]
         try:
             return self.src._get_many(js) if self._srcview else list(map(self._rd, js))
         except IndexError:
@@ -555,13 +556,7 @@ class Gather(View):
             raise
 
     def _get_each(self, idx: Sequence[int]) -> list:
-        ind = self.indexes
-        if self._list:
-            raw = [ind[i] for i in idx]
-        elif isinstance(ind, np.ndarray):
-            raw = ind[np.asarray(idx, dtype=np.int64)].tolist() if len(idx) > 32 else [int(ind[i]) for i in idx]
-        else:
-            raw = read_each(ind, idx)  # an index view: its failing items fail ours
+        raw = self._indices(idx, read_each)  # an index view's failing items fail ours
         out: list = [None] * len(idx)
         at, js = [], []  # where the readable items go, and their source indices
         for k, j in enumerate(raw):

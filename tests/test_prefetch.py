@@ -540,69 +540,6 @@ def test_a_forked_copy_of_a_started_prefetch_starts_its_own_workers():
     inner.close()
 
 
-def test_jumping_about_behind_a_stuck_worker_never_blocks_the_reader(tmp_path):
-    # Each read gives up the last job: without a cap, records pile up in the stuck worker's pipe
-    # until sending one blocks the reader (about 160-280 of them fit a socket pair), past any timeout.
-    marker = tmp_path / "stuck"
-
-    def stuck_at_zero(x):
-        if x == 0:
-            marker.touch()
-            time.sleep(60)
-        return x
-
-    with mk(ls.smap(stuck_at_zero, range(10_000)), "process", nworkers=1, timeout=0.002) as p:
-        with pytest.raises(ls.PrefetchTimeout):
-            p[0]
-        deadline = time.monotonic() + 10
-        while not marker.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert marker.exists()  # the worker is inside item 0 now
-        start = time.monotonic()
-        for k in range(1, 600):
-            with pytest.raises(ls.PrefetchTimeout):
-                p[k * 3]
-        assert time.monotonic() - start < 30
-        assert max(p._m.backend.load) <= processes.MAX_QUEUED
-
-
-@pytest.mark.parametrize("method", ["thread", "process"])
-@pytest.mark.parametrize("batched", [False, True])
-def test_a_failing_item_costs_the_others_no_second_evaluation(method, batched):
-    counts = multiprocessing.get_context("fork").Array("i", 300)  # shared with forked workers
-
-    def f(x):
-        with counts.get_lock():
-            counts[x] += 1
-        if x % 17 == 5:
-            raise ValueError(f"bad record {x}")
-        return x
-
-    seq = ls.smap(f, ls.shuffle(range(300), seed=3))
-    order = ls.shuffle(range(300), seed=3).order()
-    if batched:
-        seq = ls.batch(seq, 4, collate_fn=list)
-    failed = []
-    with mk(seq, method, nworkers=2) as p:
-        for i in range(len(p)):
-            try:
-                got = p[i]
-            except ls.EvaluationError as e:
-                failed.append(i)
-                assert "bad record" in str(e)
-            else:
-                want = order[4 * i : 4 * i + 4] if batched else order[i]
-                assert got == want
-        assert p.stats()["jobs"] < len(p) // 2  # chunks of several items: the case that matters
-    if batched:
-        assert failed == [b for b in range(75) if any(x % 17 == 5 for x in order[4 * b : 4 * b + 4])]
-        assert set(counts) <= {0, 1}  # a failing batch stops at its failing item
-        assert all(counts[x] == 1 for b in range(75) if b not in failed for x in order[4 * b : 4 * b + 4])
-    else:
-        assert failed == [i for i in range(300) if order[i] % 17 == 5]
-        assert list(counts) == [1] * 300
-
-
 def _records_before_blocking(conn) -> int:
     s = socket.socket(fileno=os.dup(conn.fileno()))
     try:
@@ -631,9 +568,11 @@ def test_max_queued_records_stay_far_below_what_the_worker_connection_holds():
     assert processes.MAX_QUEUED * 2 <= capacity, capacity  # "far below": a 2x margin at least
 
 
-def test_jumping_behind_a_stuck_worker_does_not_block_with_a_smaller_socket_buffer(tmp_path):
-    # The same scenario as test_jumping_about_behind_a_stuck_worker_never_blocks_the_reader, on a
-    # connection holding ~166 records (what a CONFIG_MAX_SKB_FRAGS=45 kernel gives by default).
+@pytest.mark.parametrize("sndbuf", [None, 64000])
+def test_jumping_about_behind_a_stuck_worker_never_blocks_the_reader(tmp_path, sndbuf):
+    # Each read gives up the last job: without a cap, records pile up on the stuck worker's
+    # connection until sending one blocks the reader, past any timeout. A socket pair holds about
+    # 280 records on a stock kernel; with SO_SNDBUF=64000 (what some kernels give) about 166.
     marker = tmp_path / "stuck"
 
     def stuck_at_zero(x):
@@ -642,12 +581,12 @@ def test_jumping_behind_a_stuck_worker_does_not_block_with_a_smaller_socket_buff
             time.sleep(30)
         return x
 
-    p = ls.prefetch(ls.smap(stuck_at_zero, range(10_000)), nworkers=1, method="process", mp_context="fork",
-                    timeout=0.002)
-    for c in p._m.backend.conns:
-        s = socket.socket(fileno=os.dup(c.fileno()))
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64000)  # the kernel doubles it: 128000
-        s.close()
+    p = mk(ls.smap(stuck_at_zero, range(10_000)), "process", nworkers=1, timeout=0.002)
+    if sndbuf:
+        for c in p._m.backend.conns:
+            s = socket.socket(fileno=os.dup(c.fileno()))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)  # the kernel doubles it
+            s.close()
     state = {"k": 0, "done": False}
 
     def reader():
@@ -657,10 +596,12 @@ def test_jumping_behind_a_stuck_worker_does_not_block_with_a_smaller_socket_buff
             deadline = time.monotonic() + 10
             while not marker.exists() and time.monotonic() < deadline:
                 time.sleep(0.01)
+            assert marker.exists()  # the worker is inside item 0 now
             for k in range(1, 600):
                 state["k"] = k
                 with pytest.raises(ls.PrefetchTimeout):
                     p[k * 3]
+            assert max(p._m.backend.load) <= processes.MAX_QUEUED
             state["done"] = True
         except BaseException as e:  # reported below
             state["error"] = e
