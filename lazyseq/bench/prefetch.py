@@ -198,12 +198,16 @@ def cpu_seconds() -> float:
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def read_all(opener: Opener, consume: Callable[[int, Any], None]) -> tuple[float, int, float, dict]:
+STEADY_FROM = 50  # items after which a loader counts as warmed up (its slots faulted in, its chunks grown)
+
+
+def read_all(opener: Opener, consume: Callable[[int, Any], None]) -> tuple[float, int, float, dict, float | None]:
     """Open a loader, read its first item, then time reading the rest; close it. Returns the
     seconds, the number of items timed, the CPU seconds the reader and the workers spent meanwhile,
-    and what close() reports (lazyseq's stats)."""
+    what close() reports (lazyseq's stats), and the seconds from item STEADY_FROM on (None if fewer)."""
     it, close = opener()
     stats: dict = {}
+    steady_start = None
     try:
         x = next(it)
         consume(0, x)
@@ -213,13 +217,16 @@ def read_all(opener: Opener, consume: Callable[[int, Any], None]) -> tuple[float
         t = time.perf_counter()
         for count, x in enumerate(it, 1):
             consume(count, x)
-        seconds = time.perf_counter() - t
+            if count == STEADY_FROM:
+                steady_start = time.perf_counter()
+        end = time.perf_counter()
+        seconds = end - t
         cpu = cpu_seconds() - cpu
         x = None
     finally:
         it = None
         stats = close()
-    return seconds, count, cpu, stats
+    return seconds, count, cpu, stats, None if steady_start is None else end - steady_start
 
 
 def first_item(opener: Opener) -> float:
@@ -268,6 +275,7 @@ class Runs:
 
     def __init__(self) -> None:
         self.seconds: list[float] = []
+        self.steady: list[float | None] = []  # seconds from item STEADY_FROM on
         self.items: list[int] = []
         self.cpu: list[float] = []
         self.stats: dict = {}
@@ -275,11 +283,16 @@ class Runs:
     def rate(self) -> float:
         return max(n / s for n, s in zip(self.items, self.seconds))
 
+    def steady_rate(self) -> float | None:
+        rates = [(n - STEADY_FROM) / s for n, s in zip(self.items, self.steady) if s]
+        return max(rates) if rates else None
+
     def cpu_per_item(self) -> float:
         return statistics.median(c / n for c, n in zip(self.cpu, self.items))
 
     def as_dict(self) -> dict:
-        return {"seconds": self.seconds, "items_timed": self.items, "cpu_seconds": self.cpu}
+        return {"seconds": self.seconds, "items_timed": self.items, "cpu_seconds": self.cpu,
+                "steady_seconds": self.steady}
 
 
 def alternate(loaders: dict[str, tuple[Opener, Callable]], rounds: int) -> dict[str, Runs]:
@@ -287,9 +300,10 @@ def alternate(loaders: dict[str, tuple[Opener, Callable]], rounds: int) -> dict[
     runs = {name: Runs() for name in loaders}
     for _ in range(rounds):
         for name, (opener, consume) in loaders.items():
-            seconds, count, cpu, stats = read_all(opener, consume)
+            seconds, count, cpu, stats, steady = read_all(opener, consume)
             r = runs[name]
             r.seconds.append(seconds)
+            r.steady.append(steady)
             r.items.append(count)
             r.cpu.append(cpu)
             r.stats = stats
@@ -315,16 +329,17 @@ def large(quick: bool, peers: set[str], rounds: int | None = None) -> dict:
         loaders["torch"] = (open_torch(full_numpy, n), check_sum(torch_sum))
     runs = alternate(loaders, rounds)
     gbps = {name: r.rate() * ITEM_BYTES / 1e9 for name, r in runs.items()}
+    steady = {name: (r.steady_rate() or 0.0) * ITEM_BYTES / 1e9 for name, r in runs.items()}
     cpu_ms = {name: r.cpu_per_item() * 1e3 for name, r in runs.items()}
     copy, empty = gbps["lazyseq copy"], gbps["lazyseq empty"]
     print(f"\n(a) {n} items of 4 MiB float32, the reader sums each; {NWORKERS} workers, max_buffered="
           f"{MAX_BUFFERED}, shm_size={SHM_SIZE / 2**20:.0f} MiB; best of {rounds}")
-    print(f"{'':16s}{'GB/s':>8s}{'copy x':>9s}{'empty x':>9s}{'CPU ms/item':>13s}")
+    print(f"{'':16s}{'GB/s':>8s}{'copy x':>9s}{'empty x':>9s}{'steady GB/s':>13s}{'CPU ms/item':>13s}")
     for name, v in gbps.items():
-        print(f"{name:16s}{v:8.2f}{copy / v:9.2f}{empty / v:9.2f}{cpu_ms[name]:13.2f}")
+        print(f"{name:16s}{v:8.2f}{copy / v:9.2f}{empty / v:9.2f}{steady[name]:13.2f}{cpu_ms[name]:13.2f}")
     print("copy x / empty x: lazyseq's GB/s (item copied into the slot / written into lazyseq.empty) over the\n"
-          "row's; CPU: reader + workers per item (median round)")
-    return {"items": n, "gb_per_s": gbps, "cpu_ms_per_item": cpu_ms,
+          f"row's; steady: from item {STEADY_FROM} on (slots faulted in); CPU: reader + workers per item (median round)")
+    return {"items": n, "gb_per_s": gbps, "steady_gb_per_s": steady, "cpu_ms_per_item": cpu_ms,
             "ratio_copy": {k: copy / v for k, v in gbps.items()},
             "ratio_empty": {k: empty / v for k, v in gbps.items()}, **details(runs)}
 
