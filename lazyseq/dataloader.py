@@ -292,6 +292,8 @@ class DataLoader:
         if self.num_workers == 0:
             seq: Any = batches
         elif self.persistent_workers and not self._custom_order():
+            if self._persistent is not None and self._persistent.closed:  # Ctrl-C, a crash: start afresh
+                self._persistent = None
             if self._persistent is None:
                 self._persistent = self._prefetch(_Epochs(plan, nb), epoch)
             seq = self._persistent[epoch * nb : (epoch + 1) * nb]

@@ -348,6 +348,24 @@ def test_close_with_and_gc_stop_the_workers():
     assert not any(alive(x) for x in pids)
 
 
+def test_a_worker_inside_a_given_up_job_does_not_hold_up_the_items_read_next():
+    # Item 1 never ends; the reader skips it. Its slot (max_buffered=1: the only one) and its
+    # worker are taken: the next items must come through the pipe and from the other worker.
+    def f(i):
+        if i == 1:
+            time.sleep(30)
+        return np.full(100, i)
+
+    for shm in (0, 1 << 16):
+        with mk(ls.smap(f, range(200)), "process", max_buffered=1 if shm else 2, shm_size=shm, timeout=10) as p:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # the pipe fallback says so once
+                assert p[0][0] == 0
+                time.sleep(0.3)  # item 1 is under way now
+                assert [int(p[k][0]) for k in range(2, 60)] == list(range(2, 60))
+                assert [int(p[k][0]) for k in range(150, 100, -7)] == list(range(150, 100, -7))
+
+
 def test_close_does_not_wait_for_a_busy_worker_long():
     p = mk(ls.smap(lambda x: time.sleep(30) or x, range(10)), "process", timeout=0.2)
     with pytest.raises(ls.PrefetchTimeout):
@@ -373,8 +391,9 @@ def test_ctrl_c_in_the_reader_stops_workers_and_restores_handlers():
 
 PARENT = textwrap.dedent("""
     import sys, time, lazyseq as ls
-    p = ls.prefetch(ls.smap(lambda x: time.sleep(0.01) or x, range(10**6)), 2, "process", shm_size=1 << 20,
-                    mp_context=sys.argv[1])
+    pause = 1e6 if sys.argv[2] == "stuck" else 0.01  # stuck: workers inside items that never end
+    p = ls.prefetch(ls.smap(lambda x: time.sleep(pause if x else 0) or x, range(10**6)), 2, "process",
+                    shm_size=1 << 20, mp_context=sys.argv[1])
     p[0]
     print(" ".join(map(str, p.worker_pids())), flush=True)
     for x in p:
@@ -382,10 +401,10 @@ PARENT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("ctx", ["fork", "spawn"])
-def test_workers_exit_when_the_parent_is_killed(ctx):
+@pytest.mark.parametrize("ctx,busy", [("fork", "idle"), ("spawn", "idle"), ("fork", "stuck")])
+def test_workers_exit_when_the_parent_is_killed(ctx, busy):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.Popen([sys.executable, "-c", PARENT, ctx], stdout=subprocess.PIPE, text=True,
+    proc = subprocess.Popen([sys.executable, "-c", PARENT, ctx, busy], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": root})
     try:
         pids = [int(x) for x in proc.stdout.readline().split()]

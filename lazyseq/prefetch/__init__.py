@@ -23,6 +23,13 @@ __all__ = ["prefetch", "Prefetch", "empty", "empty_like"]
 
 _CHUNK_MAX = 1024
 _CHUNK_SECONDS = 0.004  # a chunk worth about this much work keeps the reader fed without stalls
+# Seconds a wanted item waits for given-up jobs (which a worker may be inside) to free a slot or
+# their worker, before it gets a job of its own (through the pipe, or on another worker).
+_PATIENCE = 0.05
+# A job outstanding this many times what it should cost, and at least _LATE_FLOOR seconds, is held
+# up by a slow or stuck item: its wanted item gets a job of its own (items of uneven cost are
+# normal, and a duplicate costs work, hence the margins).
+_LATE, _LATE_FLOOR = 50, 1.0
 
 
 def _cache_budget() -> int:
@@ -53,14 +60,17 @@ class _Machinery:
         self.backend: Any = None
         self.pool: SlotPool | None = None
         self.owner, self.fork = os.getpid(), _forks[0]
+        self.lock, self.stopped = threading.Lock(), False  # stopped: what starts later stops at once
 
     def stop(self) -> None:
         if os.getpid() != self.owner:  # a forked copy of the reader's objects: not ours to stop
             return
-        backend, self.backend = self.backend, None
+        with self.lock:
+            self.stopped = True
+            backend, self.backend = self.backend, None
+            pool, self.pool = self.pool, None
         if backend is not None:
             backend.close()
-        pool, self.pool = self.pool, None
         if pool is not None:
             with processes.FDS_LOCK:
                 parent_fd(pool.fd, add=False)
@@ -105,6 +115,7 @@ class Prefetch(View):
         self._skips: list[tuple[int, int]] = []  # spans (in strides from _origin) kept over a jump
         self._end: int | None = None  # where a source of unknown size was found to end
         self._cancelled: set[int] = set()  # jobs given up, not yet answered by their worker
+        self._sent: dict[int, float] = {}  # job -> when it was sent
         self._last: int | None = None  # the index read last (not the item: that would pin its slot)
         self._chunk, self._item_seconds, self._item_bytes, self._ramp = 1, 0.0, 0, self.max_buffered
         self._warned: set[str] = set()
@@ -117,14 +128,22 @@ class Prefetch(View):
             return
         try:
             if self.method == "thread":
-                m.backend = ThreadBackend(self.src, self.nworkers, self.start_hook)
+                backend = ThreadBackend(self.src, self.nworkers, self.start_hook)
             else:
-                m.pool = SlotPool(self.shm_size, self.max_buffered)
-                parent_fd(m.pool.fd, add=True)
-                m.backend = ProcessBackend(self.src, self.nworkers, self.start_hook, self.mp_context, m.pool)
+                pool = SlotPool(self.shm_size, self.max_buffered)
+                with m.lock:
+                    m.pool, stopped = pool, m.stopped
+                if stopped:  # close() ran meanwhile (from another thread)
+                    raise self._error or PrefetchClosed(f"{self.describe()} was closed")
+                parent_fd(pool.fd, add=True)
+                backend = ProcessBackend(self.src, self.nworkers, self.start_hook, self.mp_context, pool)
                 with processes.FDS_LOCK:  # every worker holds its own descriptor or mapping now
-                    parent_fd(m.pool.fd, add=False)
-                    m.pool.close_fd()
+                    parent_fd(pool.fd, add=False)
+                    pool.close_fd()
+            with m.lock:
+                m.backend, stopped = backend, m.stopped
+            if stopped:  # close() ran while the workers started: stop them now
+                raise self._error or PrefetchClosed(f"{self.describe()} was closed")
         except BaseException:
             m.stop()
             raise
@@ -141,8 +160,14 @@ class Prefetch(View):
                 self._ready.clear()
                 self._jobs.clear()
                 self._cancelled.clear()
+                self._sent.clear()
             finally:
                 self._lock.release()
+
+    @property
+    def closed(self) -> bool:
+        """Whether it is closed (``close()``, a crashed worker, Ctrl-C while reading): reads raise."""
+        return self._error is not None
 
     def __enter__(self) -> Prefetch:
         return self
@@ -269,10 +294,12 @@ class Prefetch(View):
         if isinstance(backend, ThreadBackend):
             for job_id in backend.cancel(job_ids):
                 del self._jobs[job_id]
+                self._sent.pop(job_id, None)
         else:  # the worker skips them when it gets to them; until then they hold their slot
             for job_id in job_ids:
                 self._m.pool.cancel(job_id)
             self._cancelled |= job_ids
+            backend.abandon(job_ids)
 
     def _slot(self) -> int | None:
         return self._m.pool.acquire() if self._m.pool is not None and self._m.pool.nslots else None
@@ -335,6 +362,7 @@ class Prefetch(View):
         job_id = self._next_job
         self._next_job += 1
         self._jobs[job_id] = (r, slot, self._gen)
+        self._sent[job_id] = time.monotonic()
         self._stats["jobs"] += 1
         self._m.backend.submit(job_id, r, slot)
 
@@ -344,13 +372,33 @@ class Prefetch(View):
         t0 = time.monotonic()
         deadline = None if self.timeout is None else t0 + self.timeout
         self._stats["waits"] += 1
+        patience = None  # until when the wanted item waits for a slot that given-up jobs hold
         try:
             while i not in self._ready:
-                if not any(i in r for r, _, _ in self._jobs.values()):
+                left = 0.5
+                jobs = [j for j, (r, _, _) in self._jobs.items() if i in r]
+                if jobs:
+                    late = self._late_after(jobs, t0)
+                    if late is not None:
+                        left = late - time.monotonic()
+                        if left <= 0:  # a slow or stuck item holds them up: the wanted one goes on alone
+                            self._cancel(set(jobs) - self._cancelled)
+                            self._schedule_item(i)
+                            left = 0.5
+                else:
                     pool = self._m.pool
-                    if not (self._cancelled and pool is not None and pool.nslots and not pool.free()):
-                        self._schedule_item(i)  # else cancelled jobs are about to give slots back
-                left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+                    held = bool(self._cancelled) and pool is not None and pool.nslots > 0 and not pool.free()
+                    if held:
+                        # Given-up jobs give their slots back as soon as their worker skips them,
+                        # unless it is inside one (a slow or stuck item): then use the pipe.
+                        now = time.monotonic()
+                        patience = now + _PATIENCE if patience is None else patience
+                        left = patience - now
+                    if not held or left <= 0:
+                        self._schedule_item(i)
+                        left = 0.5
+                if deadline is not None:
+                    left = min(left, deadline - time.monotonic())
                 if left <= 0:
                     raise PrefetchTimeout(f"prefetch: item {i} did not arrive within timeout={self.timeout}s "
                                           f"({self.describe()})", i)
@@ -369,6 +417,20 @@ class Prefetch(View):
             return self._ready.pop(i)
         finally:
             self._stats["wait_seconds"] += time.monotonic() - t0
+
+    def _late_after(self, jobs: list[int], t0: float) -> float | None:
+        """When the jobs that hold the wanted item count as held up (by a slow or stuck item of
+        theirs, or one given up before them on their worker): None while there is no telling.
+        Counted from when the reader began to wait (``t0``) at the earliest: answers may have
+        waited on the pipe while the reader did other things."""
+        backend, limit = self._m.backend, _PATIENCE
+        for j in jobs:
+            if j in self._cancelled or backend.behind(j):
+                continue  # given up, or behind a given-up job: _PATIENCE is enough
+            if not self._item_seconds or not backend.started(j):
+                return None  # no chunk back yet, or a worker still starting: no telling what is slow
+            limit = max(limit, _LATE_FLOOR, _LATE * self._item_seconds * len(self._jobs[j][0]))
+        return max(t0, *(self._sent[j] for j in jobs)) + limit
 
     def _schedule_item(self, i: int) -> None:
         """The wanted item has no job (every slot taken by stale work): give it one of its own."""
@@ -391,7 +453,9 @@ class Prefetch(View):
                 if job_id < 0:
                     continue  # a worker's start-up message
             job = self._jobs.pop(job_id, None)
+            late = job_id in self._cancelled  # given up (maybe after it started): keep what is still wanted
             self._cancelled.discard(job_id)
+            self._sent.pop(job_id, None)
             if job is None:
                 continue
             r, slot, gen = job
@@ -423,7 +487,7 @@ class Prefetch(View):
             last = items[-1] if items else None
             if not self.finite and type(last) is wire.ItemError and isinstance(last.error, Exhausted):
                 self._end = min(last.index, self._end if self._end is not None else last.index)
-            if gen == self._gen:
+            if gen == self._gen and not late:
                 self._ready.update(zip(r, items))
             else:
                 self._ready.update((j, x) for j, x in zip(r, items) if self._in_window(j))

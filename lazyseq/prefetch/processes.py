@@ -119,6 +119,7 @@ def worker_main(index: int, conn: connection.Connection, seq: Any, start_hook: A
         return
     base = memory.ctypes.data
     ppid = os.getppid()  # the reader, or the forkserver that forked us (which exits with the reader)
+    threading.Thread(target=_exit_when_orphaned, args=(ppid,), name="lazyseq-orphan-watch", daemon=True).start()
     while True:
         try:
             if not conn.poll(0.5):
@@ -151,13 +152,25 @@ def worker_main(index: int, conn: connection.Connection, seq: Any, start_hook: A
             return
 
 
+def _exit_when_orphaned(ppid: int) -> None:
+    """A worker inside a long (or stuck) item never gets back to its pipe: this thread ends the
+    worker once the reader's process is gone (we get a new parent), within about a second."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != ppid:
+            os._exit(0)  # no clean-up: the item's code may hold locks; the reader is gone anyway
+
+
 class ProcessBackend:
     def __init__(self, seq: Any, nworkers: int, start_hook: Callable | None, ctx: Any, pool: SlotPool):
         self.pool, self.ctx, self.method = pool, ctx, ctx.get_start_method()
         self.procs: list = []
         self.conns: list[connection.Connection] = []
         self.load: list[int] = []  # jobs outstanding per worker
+        self.ready: list[bool] = []  # per worker: said it started
         self.slot_worker: dict[int, int] = {}  # the worker that wrote each slot last (has it mapped)
+        self.job_worker: dict[int, int] = {}  # unanswered job -> its worker
+        self.abandoned: set[int] = set()  # unanswered jobs the reader gave up (a worker may be inside one)
         self._pending_crash: int | None = None  # a worker seen dead, reported by check()
         self.stopping = False
         fork = self.method == "fork"
@@ -184,6 +197,7 @@ class ProcessBackend:
                     theirs.close()
                     self.procs.append(p)
                     self.load.append(0)
+                    self.ready.append(False)
             except BaseException:
                 self.close()
                 raise
@@ -203,18 +217,38 @@ class ProcessBackend:
         """Every worker has MAX_QUEUED records waiting: send no more until some are answered."""
         return min(self.load) >= MAX_QUEUED
 
+    def abandon(self, job_ids: set[int]) -> None:
+        """The reader gave these jobs up: their workers skip them, unless already inside one."""
+        self.abandoned |= job_ids & self.job_worker.keys()
+
+    def started(self, job_id: int) -> bool:
+        """Whether the job's worker has started (said it is ready)."""
+        k = self.job_worker.get(job_id)
+        return k is not None and self.ready[k]
+
+    def behind(self, job_id: int) -> bool:
+        """Whether the job waits on a worker that has an abandoned job before it (which may be slow
+        or stuck: nothing else would make the reader wait for it)."""
+        k = self.job_worker.get(job_id)
+        return k is not None and any(a < job_id and self.job_worker.get(a) == k for a in self.abandoned)
+
     def submit(self, job_id: int, r: range, slot: int | None) -> None:
         if self.stopping:
             raise OSError("prefetch: the workers were stopped")
-        k = min(range(len(self.load)), key=self.load.__getitem__)
+        load = self.load
+        # Workers with an abandoned job outstanding may be inside it for long: others first.
+        busy = {self.job_worker[a] for a in self.abandoned} if self.abandoned else ()
+        ks = [k for k in range(len(load)) if k not in busy] or range(len(load))
+        k = min(ks, key=load.__getitem__)
         if slot is not None:
             # A slot's pages cost a fault per page in each worker that first writes them (1-2 us
             # each: a 4 MiB slot ~2 ms), so a slot stays with the worker that has it mapped.
             w = self.slot_worker.get(slot, k)
-            if self.load[w] <= self.load[k] + _AFFINITY and self.load[w] < MAX_QUEUED:
+            if w not in busy and load[w] <= load[k] + _AFFINITY and load[w] < MAX_QUEUED:
                 k = w
             self.slot_worker[slot] = k
-        self.load[k] += 1
+        load[k] += 1
+        self.job_worker[job_id] = k
         try:
             self.conns[k].send_bytes(wire.JOB.pack(job_id, r.start, r.step, len(r), -1 if slot is None else slot))
         except OSError:
@@ -275,8 +309,12 @@ class ProcessBackend:
         if kind == wire.START_FAILED:
             err = cloudpickle.loads(payload).rebuild()
             raise WorkerStartError(f"prefetch worker {k} failed to start: {type(err).__name__}: {err}") from err
-        if kind != wire.READY:  # a job's answer
+        if kind == wire.READY:
+            self.ready[k] = True
+        else:  # a job's answer
             self.load[k] -= 1
+            self.job_worker.pop(job_id, None)
+            self.abandoned.discard(job_id)
         return job_id, kind, table, needed, seconds, payload
 
     def load_items(self, slot: int | None, table: list[tuple[int, int]], payload: memoryview) -> list:

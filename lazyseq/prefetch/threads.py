@@ -54,6 +54,12 @@ class ThreadBackend:
     def full(self) -> bool:  # an in-process queue: never blocks the reader
         return False
 
+    def behind(self, job_id: int) -> bool:  # one queue for all threads: no job waits behind a stuck one
+        return False
+
+    def started(self, job_id: int) -> bool:
+        return True
+
     def submit(self, job_id: int, r: range, slot: int | None) -> None:
         with self.cond:
             self.jobs.append((job_id, r))
