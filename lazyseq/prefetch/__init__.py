@@ -14,8 +14,8 @@ from typing import Any
 
 from ..base import Exhausted, View, check_source, is_finite, length
 from ..errors import EvaluationError, PrefetchClosed, PrefetchTimeout, passthrough, wrap_error
-from . import processes, wire
-from .processes import ProcessBackend, parent_fd
+from . import wire
+from .processes import ProcessBackend, close_parent_fd, parent_fd
 from .slots import SlotPool, empty, empty_like
 from .threads import ThreadBackend
 
@@ -72,9 +72,7 @@ class _Machinery:
         if backend is not None:
             backend.close()
         if pool is not None:
-            with processes.FDS_LOCK:
-                parent_fd(pool.fd, add=False)
-                pool.close_fd()
+            close_parent_fd(pool)
 
 
 class Prefetch(View):
@@ -135,11 +133,9 @@ class Prefetch(View):
                     m.pool, stopped = pool, m.stopped
                 if stopped:  # close() ran meanwhile (from another thread)
                     raise self._error or PrefetchClosed(f"{self.describe()} was closed")
-                parent_fd(pool.fd, add=True)
+                parent_fd(pool.fd)
                 backend = ProcessBackend(self.src, self.nworkers, self.start_hook, self.mp_context, pool)
-                with processes.FDS_LOCK:  # every worker holds its own descriptor or mapping now
-                    parent_fd(pool.fd, add=False)
-                    pool.close_fd()
+                close_parent_fd(pool)  # every worker holds its own descriptor or mapping now
             with m.lock:
                 m.backend, stopped = backend, m.stopped
             if stopped:  # close() ran while the workers started: stop them now
@@ -433,7 +429,8 @@ class Prefetch(View):
         return max(t0, *(self._sent[j] for j in jobs)) + limit
 
     def _schedule_item(self, i: int) -> None:
-        """The wanted item has no job (every slot taken by stale work): give it one of its own."""
+        """Give the wanted item a job of its own: it has none (every slot taken by stale work), or
+        its jobs are held up by a slow or stuck item."""
         backend = self._m.backend
         if backend is None or backend.full():
             return  # the workers are behind on records already: wait for answers (or the timeout)

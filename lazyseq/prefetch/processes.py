@@ -48,15 +48,21 @@ if hasattr(os, "register_at_fork"):
 # to ~280 records fit before a send blocks. 64 stays far below, so sending never blocks the reader,
 # even behind a worker stuck on one item while the reader jumps about and gives up job after job.
 MAX_QUEUED = 64
-
-
-def parent_fd(fd: int, add: bool) -> None:
-    with FDS_LOCK:
-        if add:
-            _PARENT_FDS.add(fd)
-        else:
-            _PARENT_FDS.discard(fd)
+# A slot goes back to the worker that has it mapped unless that one has this many more jobs waiting.
 _AFFINITY = 2
+
+
+def parent_fd(fd: int) -> None:
+    """Count ``fd`` among the descriptors forked workers close."""
+    with FDS_LOCK:
+        _PARENT_FDS.add(fd)
+
+
+def close_parent_fd(pool: SlotPool) -> None:
+    """Close the pool's descriptor in the reader (workers have their own), never mid-fork."""
+    with FDS_LOCK:
+        _PARENT_FDS.discard(pool.fd)
+        pool.close_fd()
 
 
 class _FdForChild:
@@ -238,7 +244,7 @@ class ProcessBackend:
         load = self.load
         # Workers with an abandoned job outstanding may be inside it for long: others first.
         busy = {self.job_worker[a] for a in self.abandoned} if self.abandoned else ()
-        ks = [k for k in range(len(load)) if k not in busy] or range(len(load))
+        ks = ([k for k in range(len(load)) if k not in busy] if busy else None) or range(len(load))
         k = min(ks, key=load.__getitem__)
         if slot is not None:
             # A slot's pages cost a fault per page in each worker that first writes them (1-2 us
