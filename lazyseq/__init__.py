@@ -8,11 +8,12 @@ from . import instrument
 from .base import View
 from .dataloader import DataLoader, default_collate
 from .errors import EvaluationError, PrefetchClosed, PrefetchTimeout, WorkerCrashed, WorkerStartError, seterr
-from .prefetch import empty, empty_like, prefetch
+from .evaluation import empty, empty_like, prefetch
 from .tensor import to_tensor
 from .views.caching import add_cache
-from .views.indexing import arange, case, cycle, gather, interleave, repeat, shard, shuffle, switch, take, uniter
+from .views.indexing import arange, case, cycle, gather, interleave, repeat, switch, take, uniter
 from .views.mapping import smap, starmap
+from .views.order import shard, shuffle
 from .views.shape import Pad, batch, collate, concatenate, split, unbatch
 
 __version__ = "0.1.0"

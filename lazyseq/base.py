@@ -1,11 +1,19 @@
-"""The View base class: keys, slices, index arrays, bulk reads, writes, errors and repr, once.
+"""The View base class: Python list semantics for keys, slices, index arrays and writes, once.
 
-A view implements ``__len__`` and ``_get(i)`` (``i`` a valid non-negative ``int``); everything a
+A view implements ``_get(i)`` (``i`` a valid non-negative ``int``) and, when its length is not
+its source's, ``_len()`` (see :class:`lazyseq.node.Node` for the whole read protocol). Everything a
 user can pass as a key is checked and normalised here, at the top, so views call each other's
-``_get`` without re-checking. ``_get_many(idx)`` reads many valid indices in one call; views
-override it where they can do better than a loop. ``_get_each(idx)`` does the same but does not
-stop at an item that raises: prefetch workers evaluate chunks with it, so one bad item neither
-loses nor re-computes the others.
+``_get`` without re-checking.
+
+Two bases serve views that read other sequences by index:
+
+- :class:`Remap`: item ``i`` is item ``_map(i)`` of one source (slices, cycle, shard, shuffle):
+  single reads, bulk reads, reads past failures and writes all follow from that one mapping.
+- :class:`Routed`: item ``i`` is item ``j`` of part ``k`` of several (concatenate, interleave,
+  mixtures, the DataLoader's epochs).
+
+:class:`Gather` lives here because an index-array key (``v[[3, 1]]``) builds one; the public
+``lazyseq.gather``/``take`` that make one are in :mod:`lazyseq.views.indexing`.
 """
 
 from __future__ import annotations
@@ -17,91 +25,44 @@ from typing import Any
 
 import numpy as np
 
-from .errors import EvaluationError, NotWrapped, wrap_error
+from .errors import EvaluationError, raised, wrap_error
+from .node import (
+    Exhausted,
+    Failed,
+    Node,
+    bulk_reader,
+    check_source,
+    checks_keys,
+    each,
+    is_finite,
+    length,
+    read_each,
+    read_many,
+    reader,
+)
 
-__all__ = ["View", "Slice", "Gather", "Exhausted", "Failed", "gather", "take", "reader", "read_many", "read_each",
-           "length"]
-
-
-class Exhausted(IndexError):
-    """The end of a sequence of unknown size (a ``uniter``, a source without ``len``) was reached.
-
-    Iterating a view without ``len`` stops on this error only: any other ``IndexError`` met while
-    reading an item is a bug in the pipeline (a bad gather index...) and is raised.
-    """
-
-
-class Failed:
-    """An item of a ``_get_each`` result whose read raised: the exception, as ``_get`` raises it."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: BaseException):
-        self.error = error
+__all__ = ["View", "Remap", "Routed", "Slice", "InfiniteSlice", "Gather"]
 
 
-def each(get: Callable[[int], Any], idx: Sequence[int]) -> list:
-    """``[get(i) for i in idx]`` with ``Failed(error)`` for the items that raise (an ``Exhausted``
-    too: the indices may come in any order, so the items after one may still be there)."""
-    out: list = []
-    add = out.append
-    for i in idx:
-        try:
-            add(get(i))
-        except Exception as e:
-            add(Failed(e))
-    return out
-
-
-class View(Sequence):
-    """A lazy sequence. Subclasses implement ``__len__`` and ``_get``; infinite views (and views of
-    unknown size) set ``finite = False`` and have no ``len``."""
-
-    finite: bool = True
-    checks_keys: bool = False  # see checks_keys()
-
-    # -- what a subclass provides ----------------------------------------------------------------
-    def __len__(self) -> int:
-        raise TypeError(f"{self.describe()} has no len(): it is infinite or its size is unknown")
-
-    def _get(self, i: int) -> Any:
-        raise NotImplementedError
-
-    def _get_many(self, idx: Sequence[int]) -> list:
-        get = self._get
-        return [get(i) for i in idx]
-
-    def _get_each(self, idx: Sequence[int]) -> list:
-        """``_get_many`` that goes past failures: an item whose read raises is ``Failed(error)``.
-
-        Views that map indices or apply a function override it so that every item is read once;
-        here, a view with a bulk read of its own tries it and, if it raises, reads item by item.
-        """
-        if type(self)._get_many is not View._get_many:
-            try:
-                return self._get_many(idx)
-            except Exception:
-                pass
-        return each(self._get, idx)
-
-    def _set(self, i: int, value: Any) -> None:
-        raise TypeError(
-            f"{self.describe()} does not support item assignment: its items are computed, "
-            "so there is nothing to write to; write to its source instead"
-        )
+class View(Node):
+    """A lazy sequence. Subclasses implement ``_get`` (and ``_len`` when the length is not the
+    source's); infinite views (and views of unknown size) set ``finite = False`` and have no ``len``."""
 
     def _slice(self, r: range) -> View:
         """The view of items ``r`` (a valid range of this view's indices)."""
         return Slice(self, r)
 
-    def children(self) -> tuple:
-        """The sequences this view reads from (for ``repr``)."""
-        src = getattr(self, "src", None)
-        return () if src is None else (src,)
-
-    def describe(self) -> str:
-        """A one-line description of this view alone, e.g. ``smap(decode)``."""
-        return type(self).__name__.lower()
+    def _key(self, key: int, what: str = "index") -> int:
+        """A valid non-negative index for the int ``key``, or IndexError as a list raises it."""
+        if self.finite:
+            n = self._len()
+            if key < 0:
+                key += n
+            if key < 0 or key >= n:
+                raise IndexError(f"{what} {key if key >= 0 else key - n} out of range for {self.describe()} of length {n}")
+        elif key < 0:
+            raise IndexError(f"negative {what} {key} on {self.describe()}, which has no len(): index from the start")
+        return key
 
     # -- reads -----------------------------------------------------------------------------------
     def __getitem__(self, key):
@@ -110,29 +71,18 @@ class View(Sequence):
                 key = operator.index(key)
             except TypeError:
                 return self._subview(key)
-        if self.finite:
-            n = self.__len__()
-            if key < 0:
-                key += n
-            if key < 0 or key >= n:
-                raise IndexError(f"index {key if key >= 0 else key - n} out of range for {self.describe()} of length {n}")
-        elif key < 0:
-            raise IndexError(f"negative index {key} on {self.describe()}, which has no len(): index from the start")
+        if not (self.finite and 0 <= key < self._len()):  # the common case costs no call to _key
+            key = self._key(key)
         try:
             return self._get(key)
-        except (IndexError, NotWrapped):
-            raise
-        except EvaluationError as e:
-            _note(e, key, self)
-            raise
         except Exception as e:
-            raise wrap_error(e, key, self)  # noqa: B904 (wrap_error sets __cause__)
+            raise raised(e, key, self)  # noqa: B904 (an error is wrapped once, with its cause)
 
     def __iter__(self) -> Iterator:
         get, i = self._get, -1
         try:
             if self.finite:
-                for i in range(self.__len__()):
+                for i in range(self._len()):
                     yield get(i)
             else:
                 for i in itertools.count():
@@ -142,29 +92,28 @@ class View(Sequence):
                         return
                     yield item
         except EvaluationError as e:
-            _note(e, i, self)
-            raise
-        except Exception as e:
+            raise raised(e, i, self)  # noqa: B904
+        except Exception as e:  # an IndexError too: iteration does not end on a bad inner index
             raise wrap_error(e, i, self)  # noqa: B904
 
     def index(self, value: Any, start: int = 0, stop: int | None = None) -> int:
         # Sequence.index stops at the first IndexError, which would hide an inner one (a bad gather
         # index) as "not found"; a slice's iteration raises it.
-        first = range(self.__len__())[start:stop].start if self.finite else start
+        first = range(self._len())[start:stop].start if self.finite else start
         for i, v in enumerate(self[start:stop]):
             if v is value or v == value:
                 return first + i
         raise ValueError(f"{value!r} is not in {self.describe()}")
 
     def __bool__(self) -> bool:
-        return not self.finite or self.__len__() > 0
+        return not self.finite or self._len() > 0
 
     def _subview(self, key) -> View:
         if isinstance(key, slice):
             if self.finite:
-                return self._slice(range(self.__len__())[key])
+                return self._slice(range(self._len())[key])
             return _infinite_slice(self, key)
-        return gather(self, self._index_array(key))
+        return Gather(self, self._index_array(key))
 
     def _index_array(self, key) -> list[int]:
         """Check and normalise a list or array of indices (or a boolean mask)."""
@@ -177,7 +126,7 @@ class View(Sequence):
         if arr.ndim != 1:
             raise TypeError(f"{self.describe()}: index arrays must be 1-D, got shape {arr.shape}")
         if arr.dtype == bool:
-            n = self.__len__()
+            n = len(self)
             if len(arr) != n:
                 raise IndexError(f"boolean mask of length {len(arr)} for {self.describe()} of length {n}")
             return np.flatnonzero(arr).tolist()
@@ -189,7 +138,7 @@ class View(Sequence):
             )
         arr = arr.astype(np.int64, copy=False)
         if self.finite:
-            n = self.__len__()
+            n = self._len()
             bad = (arr < -n) | (arr >= n)
             if bad.any():
                 raise IndexError(f"index {arr[bad][0]} out of range for {self.describe()} of length {n}")
@@ -205,19 +154,11 @@ class View(Sequence):
                 key = operator.index(key)
             except TypeError:
                 return self._set_many(key, value)
-        if self.finite:
-            n = self.__len__()
-            if key < 0:
-                key += n
-            if key < 0 or key >= n:
-                raise IndexError(f"assignment index out of range for {self.describe()} of length {n}")
-        elif key < 0:
-            raise IndexError(f"negative index {key} on {self.describe()}, which has no len()")
-        self._set(key, value)
+        self._set(self._key(key, "assignment index"), value)
 
     def _set_many(self, key, values) -> None:
         if isinstance(key, slice):
-            targets = range(self.__len__())[key] if self.finite else _infinite_range(self, key)
+            targets = range(self._len())[key] if self.finite else _infinite_range(self, key)
             if targets is None:
                 raise ValueError(f"{self.describe()} has no len(): cannot assign to an open-ended slice, give a stop")
         else:
@@ -232,228 +173,80 @@ class View(Sequence):
         for i, v in zip(targets, values):
             self._set(i, v)
 
-    # -- repr ------------------------------------------------------------------------------------
-    def __repr__(self) -> str:
-        return "\n".join(_tree(self, 0))
 
-    def __str__(self) -> str:
-        return self.__repr__()
+# -- one source, remapped --------------------------------------------------------------------------
+class Remap(View):
+    """A view whose item ``i`` is item ``_map(i)`` of its one source ``src``.
 
+    A subclass sets ``src`` (and calls :meth:`_bind`) and provides ``_map`` (and ``_map_many``
+    where it maps many indices faster than one by one); reads, bulk reads, reads past failures and
+    writes follow. ``_map`` may be an instance attribute (a bound builtin is the fastest call).
+    """
 
-def raised(err: BaseException, i: int, view: View) -> BaseException:
-    """The exception ``view[i]`` raises when ``view._get(i)`` raised ``err``."""
-    if isinstance(err, (IndexError, NotWrapped)):
-        return err
-    if isinstance(err, EvaluationError):
-        _note(err, i, view)
-        return err
-    return wrap_error(err, i, view)
+    src: Any
 
+    def _bind(self, src: Any, where: str) -> None:
+        self.src, self._rd, self._rdm = check_source(src, where), reader(src), bulk_reader(src)
 
-def _note(err: EvaluationError, i: int, view: View) -> None:
-    """Say which top-level read led to an error raised deeper in the pipeline."""
-    desc = view.describe()
-    if err.view != desc or err.item != i:
-        err.add_note(f"while reading item {i} of {desc}")
-
-
-def _tree(node: Any, depth: int, seen: set | None = None) -> list[str]:
-    seen = set() if seen is None else seen
-    if not isinstance(node, View):
-        return [describe_source(node)]
-    head = node.describe()
-    try:
-        head += f"  len={len(node)}"
-    except TypeError:
-        pass
-    kids = node.children()
-    if depth >= 8 and kids:
-        return [head, "└─ ..."]
-    if id(node) in seen:
-        return [head + "  (shown above)"]
-    seen.add(id(node))
-    lines = [head]
-    for k, kid in enumerate(kids):
-        last = k == len(kids) - 1
-        sub = _tree(kid, depth + 1, seen)
-        lines.append(("└─ " if last else "├─ ") + sub[0])
-        lines.extend(("   " if last else "│  ") + s for s in sub[1:])
-    return lines
-
-
-def describe_source(src: Any) -> str:
-    """One line for a plain source (list, array, range, dataset)."""
-    if isinstance(src, View):
-        return src.describe()
-    if isinstance(src, np.ndarray):
-        return f"ndarray(shape={src.shape}, dtype={src.dtype})"
-    if isinstance(src, range):
-        return repr(src)
-    try:
-        return f"{type(src).__name__}  len={len(src)}"
-    except TypeError:
-        return type(src).__name__
-
-
-def fname(f: Callable) -> str:
-    """A short name for a function in descriptions."""
-    name = getattr(f, "__qualname__", None) or getattr(f, "__name__", None) or type(f).__name__
-    return name.replace(".<locals>", "")
-
-
-# Set by lazyseq.prefetch.slots: inside a process worker, copies arrays out of the job's shared-memory
-# slot. Views that keep items beyond the read (add_cache) keep ``keepable(item)``.
-keepable_hook: Callable[[Any], Any] | None = None
-
-
-def keepable(value: Any) -> Any:
-    return value if keepable_hook is None else keepable_hook(value)
-
-
-# -- helpers views use on their sources ------------------------------------------------------------
-def check_source(src: Any, where: str) -> Any:
-    if isinstance(src, View) or hasattr(src, "__getitem__"):
-        return src
-    hint = " (an iterator: wrap it with lazyseq.uniter(...))" if hasattr(src, "__next__") else ""
-    raise TypeError(f"{where}: expected a sequence (an object with __getitem__), got {type(src).__name__}{hint}")
-
-
-def reader(src: Any) -> Callable[[int], Any]:
-    """The fastest single-item read of ``src`` for a valid non-negative int index."""
-    if isinstance(src, View):
-        return src._get
-    return src.__getitem__ if hasattr(src, "__len__") else _UnsizedReader(src)
-
-
-class _UnsizedReader:
-    """Reads a source without len (old iteration protocol): its IndexError marks the end."""
-
-    __slots__ = ("src",)
-
-    def __init__(self, src: Any):
-        self.src = src
-
-    def __call__(self, i: int) -> Any:
-        try:
-            return self.src[i]
-        except IndexError as e:
-            raise Exhausted(*e.args) from None
-
-    def __reduce__(self):
-        return (_UnsizedReader, (self.src,))
-
-
-def read_many(src: Any, idx: Sequence[int]) -> list:
-    """Read valid indices ``idx`` of ``src`` in one call."""
-    if isinstance(src, View):
-        return src._get_many(idx)
-    return list(map(src.__getitem__ if hasattr(src, "__len__") else _UnsizedReader(src), idx))
-
-
-def read_each(src: Any, idx: Sequence[int]) -> list:
-    """:func:`read_many` going past failures: ``Failed(error)`` for each item that raises."""
-    if isinstance(src, View):
-        return src._get_each(idx)
-    return each(src.__getitem__ if hasattr(src, "__len__") else _UnsizedReader(src), idx)
-
-
-def length(src: Any) -> int | None:
-    """``len(src)``, or None for an infinite view or a source without len."""
-    if isinstance(src, View):
-        return src.__len__() if src.finite else None
-    try:
-        return len(src)
-    except TypeError:
-        return None
-
-
-_CHECKED = (list, tuple, range, str, bytes, np.ndarray)
-
-
-def checks_keys(src: Any) -> bool:
-    """Whether ``src`` itself wraps negative int keys and raises IndexError past its end, as a list
-    does; views that do so set ``checks_keys = True``."""
-    return src.checks_keys if isinstance(src, View) else isinstance(src, _CHECKED)
-
-
-def is_finite(src: Any) -> bool:
-    return src.finite if isinstance(src, View) else hasattr(src, "__len__")
-
-
-class Routed(View):
-    """A view whose item ``i`` is item ``j`` of sequence ``k`` of ``seqs``, for ``(k, j) = _where(i)``."""
-
-    seqs: tuple
-    _rds: tuple
-
-    def _where(self, i: int) -> tuple[int, int]:
+    def _map(self, i: int) -> int:
         raise NotImplementedError
 
-    def _get(self, i: int) -> Any:
-        k, j = self._where(i)
-        return self._rds[k](j)
-
-    def _set(self, i: int, value: Any) -> None:
-        k, j = self._where(i)
-        self.seqs[k][j] = value
-
-    def children(self) -> tuple:
-        return self.seqs
-
-
-# -- slices ----------------------------------------------------------------------------------------
-class Slice(View):
-    """Items ``r`` (a range) of ``src``; slices of slices fold into one range."""
-
-    checks_keys = True  # range indexing does
-
-    def __init__(self, src: Any, r: range):
-        self.src, self.r, self._rd, self._srcview = src, r, reader(src), isinstance(src, View)
-
-    def __len__(self) -> int:
-        return len(self.r)
+    def _map_many(self, idx: Sequence[int]) -> list[int]:
+        m = self._map
+        return [m(i) for i in idx]
 
     def _get(self, i: int) -> Any:
-        return self._rd(self.r[i])
+        return self._rd(self._map(i))
 
     def _get_many(self, idx: Sequence[int]) -> list:
-        r = self.r
-        js = [r[i] for i in idx]
-        return self.src._get_many(js) if self._srcview else list(map(self._rd, js))
+        return self._rdm(self._map_many(idx))
 
     def _get_each(self, idx: Sequence[int]) -> list:
-        r = self.r
         try:
-            js = [r[i] for i in idx]
+            js = self._map_many(idx)
         except IndexError:  # a bad index from a gather that leaves the checks to us: item by item
             return each(self._get, idx)
         return read_each(self.src, js)
 
     def _set(self, i: int, value: Any) -> None:
-        self.src[self.r[i]] = value
+        self.src[self._map(i)] = value
+
+
+class Slice(Remap):
+    """Items ``r`` (a range) of ``src``; slices of slices fold into one range."""
+
+    checks_keys = True  # range indexing does
+
+    def __init__(self, src: Any, r: range):
+        self._bind(src, "slice")
+        self.r, self._map = r, r.__getitem__
+
+    def _len(self) -> int:
+        return len(self.r)
 
     def _slice(self, r: range) -> View:
         sub = compose(self.r.start, self.r.step, r)
         return self.src._slice(sub) if isinstance(self.src, View) else Slice(self.src, sub)
+
+    def __reduce__(self):
+        return (Slice, (self.src, self.r))
 
     def describe(self) -> str:
         r = self.r
         return f"slice[{r.start}:{r.stop}:{r.step}]" if r.step != 1 else f"slice[{r.start}:{r.stop}]"
 
 
-class InfiniteSlice(View):
+class InfiniteSlice(Remap):
     """Items ``start, start + step, ...`` of an infinite view (``step > 0``)."""
 
     finite = False
 
     def __init__(self, src: View, start: int, step: int):
-        self.src, self.start, self.step, self._rd = src, start, step, reader(src)
+        self._bind(src, "slice")
+        self.start, self.step = start, step
 
-    def _get(self, i: int) -> Any:
-        return self._rd(self.start + i * self.step)
-
-    def _set(self, i: int, value: Any) -> None:
-        self.src[self.start + i * self.step] = value
+    def _map(self, i: int) -> int:
+        return self.start + i * self.step
 
     def _slice(self, r: range) -> View:
         return Slice(self.src, compose(self.start, self.step, r))
@@ -497,21 +290,71 @@ def _infinite_slice(view: View, key: slice) -> View:
     return view._slice(r) if len(r) else Slice(view, r)
 
 
+# -- several sources, routed -----------------------------------------------------------------------
+class Routed(View):
+    """A view whose item ``i`` is item ``j`` of part ``k``, for ``(k, j) = _where(i)``.
+
+    The parts are ``seqs`` (with their readers in ``_rds``), or whatever ``_part(k)`` returns for
+    views that make their parts on demand (override ``_part`` and ``_reader``). Bulk reads group
+    the indices by part and read each part once."""
+
+    seqs: tuple
+    _rds: tuple
+
+    def _where(self, i: int) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def _part(self, k: int) -> Any:
+        return self.seqs[k]
+
+    def _reader(self, k: int) -> Callable[[int], Any]:
+        return self._rds[k]
+
+    def _get(self, i: int) -> Any:
+        k, j = self._where(i)
+        return self._reader(k)(j)
+
+    def _grouped(self, idx: Sequence[int], read: Callable[[Any, Sequence[int]], list]) -> list:
+        where = [self._where(i) for i in idx]
+        parts: dict[int, list[int]] = {}
+        for k, j in where:
+            parts.setdefault(k, []).append(j)
+        got = {k: iter(read(self._part(k), js)) for k, js in parts.items()}
+        return [next(got[k]) for k, _ in where]
+
+    def _get_many(self, idx: Sequence[int]) -> list:
+        return self._grouped(idx, read_many)
+
+    def _get_each(self, idx: Sequence[int]) -> list:
+        try:
+            return self._grouped(idx, read_each)
+        except Exception:  # _where itself failed for some index: item by item
+            return each(self._get, idx)
+
+    def _set(self, i: int, value: Any) -> None:
+        k, j = self._where(i)
+        self._part(k)[j] = value
+
+    def children(self) -> tuple:
+        return self.seqs
+
+
 # -- gather: the view an index array returns --------------------------------------------------------
 class Gather(View):
+    """Items ``indexes`` of ``src``, in that order (see :func:`lazyseq.gather`)."""
+
     def __init__(self, src: Any, indexes: Any):
         self.src, self.indexes = check_source(src, "gather"), check_source(indexes, "gather indexes")
         self._rd, self._ird, self._srcfinite = reader(src), reader(indexes), is_finite(src)
-        self._srcview, self._list = isinstance(src, View), isinstance(indexes, (list, tuple, range))
+        self._rdm = bulk_reader(src)
+        self._list = isinstance(indexes, (list, tuple, range))
         # A source that checks keys itself (a list, a map over one...) is read without checking
         # here; its IndexError is then turned into a clear one below.
         self._trust = checks_keys(src)
         self.checks_keys = checks_keys(indexes)
         self.finite = is_finite(indexes)
 
-    def __len__(self) -> int:
-        if not self.finite:
-            return View.__len__(self)
+    def _len(self) -> int:
         return len(self.indexes)
 
     def _index(self, j: Any) -> int:
@@ -549,7 +392,7 @@ class Gather(View):
         if not self._trust:
             js = [self._index(j) for j in js]
         try:
-            return self.src._get_many(js) if self._srcview else list(map(self._rd, js))
+            return self._rdm(js)
         except IndexError:
             for j in js:
                 self._index(j)
@@ -591,26 +434,3 @@ class Gather(View):
         n = length(self.indexes)
         return f"gather({'unbounded' if n is None else n} indexes)"
 
-
-def gather(seq: Any, indexes: Any) -> View:
-    """The items of ``seq`` at ``indexes``, in that order: ``[seq[i] for i in indexes]``, lazily.
-
-    ``indexes`` is any sequence of ints (a list, a numpy array, another view); negative indexes
-    count from the end of ``seq``. Writes go through to ``seq``.
-
-    >>> import lazyseq
-    >>> words = ['d', 'e', 'h', 'l', 'o', 'r', 'w', ' ']
-    >>> ''.join(lazyseq.gather(words, [2, 1, 3, 3, 4, 7, 6, 4, 5, 3, 0]))
-    'hello world'
-    """
-    return Gather(seq, indexes)
-
-
-def take(seq: Any, indexes: Any) -> View:
-    """Alias of :func:`gather`.
-
-    >>> import lazyseq
-    >>> list(lazyseq.take([10, 20, 30], [2, -3]))
-    [30, 10]
-    """
-    return Gather(seq, indexes)

@@ -13,64 +13,30 @@ import os
 import random
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from .base import View, check_source, each, length, read_many
-from .prefetch import Prefetch, empty, prefetch
-from .views.indexing import arange, gather, shard, shuffle
+from .base import Routed, View
+from .collate import buffer_bytes, default_collate
+from .evaluation import Prefetch, prefetch
+from .helpers import ALIGN, PAGE
+from .node import check_source, length, read_many
+from .views.indexing import arange, gather
 from .views.mapping import smap
+from .views.order import shard, shuffle
 from .views.shape import batch
 
 __all__ = ["DataLoader", "default_collate"]
 
 
-def default_collate(items: Sequence[Any]) -> Any:
-    """Stack a list of samples into a batch: arrays and numbers become one array with a leading
-    batch axis, recursing into tuples, lists, dicts and namedtuples; other objects stay a list.
-
-    Inside a process worker the stacked arrays are built in the job's shared-memory slot
-    (:func:`lazyseq.empty`), so the batch is copied once, straight to where the reader sees it.
-
-    >>> import lazyseq, numpy as np
-    >>> b = lazyseq.default_collate([(np.zeros((2, 2)), 1), (np.ones((2, 2)), 0)])
-    >>> b[0].shape, b[1]
-    ((2, 2, 2), array([1, 0]))
-    >>> lazyseq.default_collate([{'x': 1.5, 'name': 'a'}, {'x': 2.5, 'name': 'b'}])
-    {'x': array([1.5, 2.5]), 'name': ['a', 'b']}
-    """
-    first = items[0]
-    if isinstance(first, (str, bytes)):
-        return list(items)
-    if isinstance(first, np.ndarray) or (hasattr(first, "__array__") and not np.isscalar(first)):
-        a = np.asarray(first)
-        for k, x in enumerate(items):
-            if np.shape(x) != a.shape:
-                raise ValueError(f"default_collate: item 0 has shape {a.shape} but item {k} has shape "
-                                 f"{np.shape(x)}; make them equal or pass a collate_fn")
-        out = empty((len(items), *a.shape), a.dtype)
-        np.stack(items, out=out)
-        return out
-    if isinstance(first, (bool, int, float, complex, np.generic)):
-        return np.array(items)
-    if isinstance(first, Mapping):
-        return type(first)({k: default_collate([x[k] for x in items]) for k in first})
-    if isinstance(first, tuple) and hasattr(first, "_fields"):  # namedtuple
-        return type(first)(*(default_collate(list(col)) for col in zip(*items)))
-    if isinstance(first, (tuple, list)):
-        if any(len(x) != len(first) for x in items):
-            raise ValueError("default_collate: the samples have different lengths; pass a collate_fn")
-        return type(first)(default_collate(list(col)) for col in zip(*items))
-    return list(items)
-
-
-class _Epochs(View):
+class _Epochs(Routed):
     """Batch ``b`` of epoch ``e`` at index ``e * per_epoch + b``: one infinite view that persistent
-    workers keep across epochs."""
+    workers keep across epochs; each epoch's view is made when first read."""
 
     finite = False
+    seqs = ()
 
     def __init__(self, make: Callable[[int], View], per_epoch: int):
         self.make, self.per_epoch = make, per_epoch
@@ -79,29 +45,17 @@ class _Epochs(View):
     def __getstate__(self) -> dict:
         return {"make": self.make, "per_epoch": self.per_epoch, "_cache": None}
 
-    def _epoch(self, e: int) -> View:
+    def _where(self, i: int) -> tuple[int, int]:
+        return divmod(i, self.per_epoch)
+
+    def _part(self, e: int) -> View:
         c = self._cache
         if c is None or c[0] != e:
             c = self._cache = (e, self.make(e))
         return c[1]
 
-    def _get(self, i: int) -> Any:
-        e, b = divmod(i, self.per_epoch)
-        return self._epoch(e)._get(b)
-
-    def _get_many(self, idx: Sequence[int]) -> list:
-        e0, b0 = divmod(idx[0], self.per_epoch)
-        e1, _ = divmod(idx[-1], self.per_epoch)
-        if e0 == e1 and isinstance(idx, range) and idx.step == 1:
-            return self._epoch(e0)._get_many(range(b0, b0 + len(idx)))
-        return [self._get(i) for i in idx]
-
-    def _get_each(self, idx: Sequence[int]) -> list:
-        e0, b0 = divmod(idx[0], self.per_epoch)
-        e1, _ = divmod(idx[-1], self.per_epoch)
-        if e0 == e1 and isinstance(idx, range) and idx.step == 1:
-            return self._epoch(e0)._get_each(range(b0, b0 + len(idx)))
-        return each(self._get, idx)
+    def _reader(self, e: int) -> Callable[[int], Any]:
+        return self._part(e)._get
 
     def describe(self) -> str:
         return f"epochs({self.per_epoch} batches each)"
@@ -158,44 +112,9 @@ class DataLoader:
                  generator: Any = None, prefetch_factor: int | None = None, persistent_workers: bool = False, *,
                  shm_size: int | None = None, seed: int | None = None, rank: int = 0, world_size: int = 1,
                  device: str | None = None, to_tensor: bool = True):
-        # The checks and messages PyTorch has, in its order.
-        if num_workers < 0:
-            raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
-        if timeout < 0:
-            raise ValueError("timeout option should be non-negative")
-        if num_workers == 0 and prefetch_factor is not None:
-            raise ValueError("prefetch_factor option could only be specified in multiprocessing."
-                             "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.")
-        if num_workers > 0 and prefetch_factor is None:
-            prefetch_factor = 2
-        elif prefetch_factor is not None and prefetch_factor < 0:
-            raise ValueError("prefetch_factor option should be non-negative")
-        if persistent_workers and num_workers == 0:
-            raise ValueError("persistent_workers option needs num_workers > 0")
-        shuffle = bool(shuffle)
-        if sampler is not None and shuffle:
-            raise ValueError("sampler option is mutually exclusive with shuffle")
-        if batch_sampler is not None:
-            if batch_size != 1 or shuffle or sampler is not None or drop_last:
-                raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last")
-            batch_size, drop_last = None, False
-        elif batch_size is None and drop_last:
-            raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive with drop_last")
-        if multiprocessing_context is not None:
-            if num_workers == 0:
-                raise ValueError("multiprocessing_context can only be used with multi-process loading "
-                                 f"(num_workers > 0), but got num_workers={num_workers}")
-            if isinstance(multiprocessing_context, str):
-                methods = multiprocessing.get_all_start_methods()
-                if multiprocessing_context not in methods:
-                    raise ValueError(f"multiprocessing_context option should specify a valid start method in {methods!r}, "
-                                     f"but got multiprocessing_context={multiprocessing_context!r}")
-                multiprocessing_context = multiprocessing.get_context(multiprocessing_context)
-            elif not isinstance(multiprocessing_context, multiprocessing.context.BaseContext):
-                raise TypeError("multiprocessing_context option should be a valid context object or a string "
-                                f"specifying the start method, but got multiprocessing_context={multiprocessing_context}")
-        if batch_size is not None and (isinstance(batch_size, bool) or batch_size <= 0):
-            raise ValueError(f"batch_size should be a positive integer value, but got batch_size={batch_size}")
+        batch_size, shuffle, drop_last, prefetch_factor, multiprocessing_context = _torch_checks(
+            batch_size, shuffle, sampler, batch_sampler, num_workers, drop_last, timeout, multiprocessing_context,
+            prefetch_factor, persistent_workers)
         if not 0 <= rank < world_size:
             raise ValueError(f"DataLoader: need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
         self.dataset = check_source(dataset, "DataLoader")
@@ -217,8 +136,10 @@ class DataLoader:
         self.epoch, self._batch = 0, 0  # the epoch and batch the next iteration starts at
         self._persistent: Prefetch | None = None
         self._open: weakref.WeakSet[Prefetch] = weakref.WeakSet()  # dropped sequences stop their workers
+        self.shm_size_used: int | None = None  # what shm_size=None was sized to, from the first sample
         self._shm_note = ("no process workers" if num_workers == 0 else "not sized yet" if shm_size is None
                           else f"given: shm_size={shm_size}")
+        self._warned = False  # about a custom order restarting persistent workers
 
     # -- the pipeline ----------------------------------------------------------------------------
     def _custom_order(self) -> bool:
@@ -240,7 +161,7 @@ class DataLoader:
     def _prefetch(self, seq: View, epoch: int) -> Prefetch:
         shm = self.shm_size
         if shm is None:  # sized once, from the first sample; later epochs reuse the size
-            shm = getattr(self, "shm_size_used", None) or self._size_shm()
+            shm = self.shm_size_used or self._size_shm()
         return prefetch(seq, self.num_workers, "process", self.num_workers * self.prefetch_factor + 1,
                         _WorkerInit(self.seed, self.rank, epoch, self.worker_init_fn), shm,
                         mp_context=self.multiprocessing_context,
@@ -249,8 +170,8 @@ class DataLoader:
     def _size_shm(self) -> int:
         """Slots sized from the first sample: its buffers times the batch size, 1.25x."""
         sample = read_many(self.dataset, [0])[0] if len(self.dataset) else None
-        nbytes, nbuf = _buffer_bytes(sample)
-        per_batch = (nbytes * (self.batch_size or 1) + 64 * nbuf) * 1.25 + 4096
+        nbytes, nbuf = buffer_bytes(sample)
+        per_batch = (nbytes * (self.batch_size or 1) + ALIGN * nbuf) * 1.25 + PAGE
         slots = self.num_workers * self.prefetch_factor + 1
         self.shm_size_used = int(per_batch) * slots
         self._shm_note = (f"sized from the first sample: {nbytes} bytes in {nbuf} arrays x batch {self.batch_size or 1}"
@@ -267,11 +188,15 @@ class DataLoader:
         if self.num_workers > 0:
             seq = self._prefetch(seq, e)
             self._open.add(seq)  # closed by loader.close() (or leaving its with block), or when dropped
-        if self.to_tensor:
-            from .tensor import to_tensor
+        return self._tensors(seq)
 
-            seq = smap(_ToTensor(to_tensor, self.device), seq)
-        return seq
+    def _tensors(self, seq: View) -> View:
+        """The last stage: batches as tinygrad Tensors on ``device`` (unless ``to_tensor=False``)."""
+        if not self.to_tensor:
+            return seq
+        from .tensor import to_tensor  # tinygrad is imported only by a loader that makes Tensors
+
+        return smap(_ToTensor(to_tensor, self.device), seq)
 
     # -- iteration -------------------------------------------------------------------------------
     def _where(self) -> tuple[int, int]:
@@ -289,8 +214,9 @@ class DataLoader:
         plan = self._plan()
         batches = plan(epoch, order)
         nb = len(batches)
+        own: Prefetch | None = None  # this iteration's workers, stopped when it ends
         if self.num_workers == 0:
-            seq: Any = batches
+            seq: View = batches
         elif self.persistent_workers and not self._custom_order():
             if self._persistent is not None and self._persistent.closed:  # Ctrl-C, a crash: start afresh
                 self._persistent = None
@@ -300,27 +226,23 @@ class DataLoader:
         else:
             if self.persistent_workers:
                 self._warn_custom_order()
-            seq = self._prefetch(batches, epoch)
-            self._open.add(seq)
-        convert = None
-        if self.to_tensor:
-            from .tensor import to_tensor
-
-            convert = _ToTensor(to_tensor, self.device)
+            seq = own = self._prefetch(batches, epoch)
+            self._open.add(own)
+        seq = self._tensors(seq)
         try:
             for b in range(start, nb):
                 item = seq[b]
                 self._batch = b + 1
-                yield convert(item) if convert is not None else item
+                yield item
                 del item
             self.epoch, self._batch = epoch + 1, 0
         finally:
-            if isinstance(seq, Prefetch) and seq in self._open:
-                self._open.discard(seq)
-                seq.close()
+            if own is not None and own in self._open:
+                self._open.discard(own)
+                own.close()
 
     def _warn_custom_order(self) -> None:
-        if not getattr(self, "_warned", False):
+        if not self._warned:
             self._warned = True
             warnings.warn("DataLoader: with a custom sampler or batch_sampler the workers restart every epoch "
                           "(persistent_workers keeps them only for shuffle or sequential order)", RuntimeWarning,
@@ -349,7 +271,7 @@ class DataLoader:
     def stats(self) -> dict:
         """The prefetch counters of the running workers, and how the shared memory was sized."""
         out: dict = {"epoch": self.epoch, "batch": self._batch, "shm": self._shm_note,
-                     "shm_size": self.shm_size if self.shm_size is not None else getattr(self, "shm_size_used", None)}
+                     "shm_size": self.shm_size if self.shm_size is not None else self.shm_size_used}
         live = self._persistent or next(iter(self._open), None)
         if live is not None:
             out.update(prefetch=live.stats(), worker_pids=live.worker_pids())
@@ -418,6 +340,51 @@ class _ToTensor:
         return self.fn(x, device=self.device)
 
 
+def _torch_checks(batch_size: int | None, shuffle: bool | None, sampler: Any, batch_sampler: Any, num_workers: int,
+                  drop_last: bool, timeout: float, multiprocessing_context: Any,
+                  prefetch_factor: int | None, persistent_workers: bool) -> tuple[int | None, bool, bool, int | None, Any]:
+    """PyTorch's argument checks and messages, in its order; returns the arguments as the loader
+    uses them: (batch_size, shuffle, drop_last, prefetch_factor, multiprocessing context)."""
+    if num_workers < 0:
+        raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
+    if timeout < 0:
+        raise ValueError("timeout option should be non-negative")
+    if num_workers == 0 and prefetch_factor is not None:
+        raise ValueError("prefetch_factor option could only be specified in multiprocessing."
+                         "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None.")
+    if num_workers > 0 and prefetch_factor is None:
+        prefetch_factor = 2
+    elif prefetch_factor is not None and prefetch_factor < 0:
+        raise ValueError("prefetch_factor option should be non-negative")
+    if persistent_workers and num_workers == 0:
+        raise ValueError("persistent_workers option needs num_workers > 0")
+    shuffle = bool(shuffle)
+    if sampler is not None and shuffle:
+        raise ValueError("sampler option is mutually exclusive with shuffle")
+    if batch_sampler is not None:
+        if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last")
+        batch_size, drop_last = None, False
+    elif batch_size is None and drop_last:
+        raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive with drop_last")
+    if multiprocessing_context is not None:
+        if num_workers == 0:
+            raise ValueError("multiprocessing_context can only be used with multi-process loading "
+                             f"(num_workers > 0), but got num_workers={num_workers}")
+        if isinstance(multiprocessing_context, str):
+            methods = multiprocessing.get_all_start_methods()
+            if multiprocessing_context not in methods:
+                raise ValueError(f"multiprocessing_context option should specify a valid start method in {methods!r}, "
+                                 f"but got multiprocessing_context={multiprocessing_context!r}")
+            multiprocessing_context = multiprocessing.get_context(multiprocessing_context)
+        elif not isinstance(multiprocessing_context, multiprocessing.context.BaseContext):
+            raise TypeError("multiprocessing_context option should be a valid context object or a string "
+                            f"specifying the start method, but got multiprocessing_context={multiprocessing_context}")
+    if batch_size is not None and (isinstance(batch_size, bool) or batch_size <= 0):
+        raise ValueError(f"batch_size should be a positive integer value, but got batch_size={batch_size}")
+    return batch_size, shuffle, drop_last, prefetch_factor, multiprocessing_context
+
+
 def _seed_from(seed: int | None, generator: Any) -> int:
     if seed is not None:
         return int(seed)
@@ -428,21 +395,3 @@ def _seed_from(seed: int | None, generator: Any) -> int:
             return int(generator.integers(2**63))
         raise TypeError(f"DataLoader: generator must be a torch.Generator or numpy Generator, got {type(generator).__name__}")
     return int.from_bytes(os.urandom(8), "little") >> 1
-
-
-def _buffer_bytes(x: Any) -> tuple[int, int]:
-    """Bytes and count of the array buffers in a (nested) sample."""
-    if isinstance(x, np.ndarray):
-        return x.nbytes, 1
-    if isinstance(x, (bool, int, float, complex, np.generic)):
-        return 8, 1
-    if isinstance(x, (str, bytes)):
-        return 0, 0
-    if hasattr(x, "__array__"):
-        return np.asarray(x).nbytes, 1
-    if isinstance(x, Mapping):
-        x = list(x.values())
-    if isinstance(x, (list, tuple)):
-        parts = [_buffer_bytes(v) for v in x]
-        return sum(p[0] for p in parts), sum(p[1] for p in parts)
-    return 0, 0

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EvaluationError", "PrefetchClosed", "PrefetchTimeout", "WorkerCrashed", "WorkerStartError", "seterr"]
+__all__ = ["EvaluationError", "PrefetchClosed", "PrefetchTimeout", "WorkerCrashed", "WorkerStartError", "seterr",
+           "wrap_error", "raised"]
 
 
 class EvaluationError(Exception):
@@ -117,3 +118,17 @@ def wrap_error(cause: BaseException, item: int, view: Any) -> BaseException:
     )
     err.__cause__ = cause
     return err
+
+
+def raised(err: BaseException, item: int, view: Any) -> BaseException:
+    """The exception ``view[item]`` raises when reading the item raised ``err``: ``IndexError`` and
+    errors about the machinery as they are, an ``EvaluationError`` from deeper in the pipeline with
+    a note naming this read, anything else wrapped (see :func:`wrap_error`)."""
+    if isinstance(err, (IndexError, NotWrapped)):
+        return err
+    if isinstance(err, EvaluationError):
+        desc = view.describe()
+        if err.view != desc or err.item != item:
+            err.add_note(f"while reading item {item} of {desc}")
+        return err
+    return wrap_error(err, item, view)

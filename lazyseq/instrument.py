@@ -7,8 +7,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from .base import View, check_source, fname, is_finite, read_many, reader
+from .base import View
 from .errors import wrap_error
+from .helpers import fname
+from .node import check_source, is_finite, read_many, reader
 
 __all__ = ["debug", "monitor_throughput"]
 
@@ -19,9 +21,6 @@ class Debug(View):
         self.func, self.max_calls, self.max_rate = func, max_calls, max_rate
         self.n_calls, self.last_call = 0, -float("inf")
         self.finite = is_finite(seq)
-
-    def __len__(self) -> int:
-        return len(self.src) if self.finite else View.__len__(self)
 
     def _silent(self) -> bool:
         if self.max_calls is not None and self.n_calls >= self.max_calls:
@@ -97,9 +96,6 @@ class ThroughputMonitor(View):
         with self._lock:
             self.n_calls += n
             self.time_spent += dt
-
-    def __len__(self) -> int:
-        return len(self.src) if self.finite else View.__len__(self)
 
     def _get(self, i: int) -> Any:
         t = time.perf_counter()

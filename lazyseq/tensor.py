@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import tree
+from .helpers import ALIGN
+
 if TYPE_CHECKING:
     from tinygrad import Tensor
 
 __all__ = ["to_tensor"]
 
-ALIGN = 64  # copy=False views only memory aligned like this: tinygrad's CPU kernels use aligned vector loads
 
 
 def _need_tinygrad() -> None:
@@ -38,8 +40,8 @@ def _need_tinygrad() -> None:
 def to_tensor(x: Any, device: str | None = None, copy: bool = True) -> Any:
     """``x`` with every numpy array and number in it turned into a realised tinygrad ``Tensor`` on ``device``.
 
-    Tuples, lists and dicts (namedtuples and dict subclasses too) are rebuilt with their own
-    types; strings, ``None`` and other objects, and arrays of strings or objects, are returned
+    Tuples, lists and dicts (namedtuples and subclasses too, by the rule of :mod:`lazyseq.tree`)
+    are rebuilt with their own types; strings, ``None`` and other objects, and arrays of strings or objects, are returned
     unchanged. Call it once per batch: the whole structure is converted in one call.
 
     - ``device``: a tinygrad device name (``'CPU'``, ``'CUDA'``, ...); ``None``: tinygrad's default.
@@ -94,6 +96,10 @@ class _Ctx:
 
 
 def _convert(x: Any, c: _Ctx) -> Any:
+    return tree.map(lambda v: _leaf(v, c), x)
+
+
+def _leaf(x: Any, c: _Ctx) -> Any:
     if isinstance(x, np.ndarray):
         return _array(x, c)
     if isinstance(x, (str, bytes, bytearray)) or x is None:
@@ -108,21 +114,6 @@ def _convert(x: Any, c: _Ctx) -> Any:
             return x
         c.pending.append(t := x.to(c.dev))
         return t
-    if isinstance(x, tuple):
-        items = [_convert(v, c) for v in x]
-        if hasattr(x, "_fields"):  # namedtuple
-            return type(x)(*items)
-        return tuple(items) if type(x) is tuple else type(x)(items)
-    if isinstance(x, list):
-        items = [_convert(v, c) for v in x]
-        return items if type(x) is list else type(x)(items)
-    if isinstance(x, dict):
-        if type(x) is dict:
-            return {k: _convert(v, c) for k, v in x.items()}
-        d = x.copy()  # keeps the subclass and its state (OrderedDict, defaultdict, ...)
-        for k, v in x.items():
-            d[k] = _convert(v, c)
-        return d
     return x
 
 

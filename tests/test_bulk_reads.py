@@ -8,8 +8,9 @@ import pickle
 import pytest
 
 import lazyseq as ls
-from lazyseq.base import Failed, raised
-from lazyseq.prefetch import wire
+from lazyseq.errors import raised
+from lazyseq.evaluation import wire
+from lazyseq.node import Failed
 
 
 def outcome(view, i):

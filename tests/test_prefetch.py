@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import lazyseq as ls
-from lazyseq.prefetch import processes, wire
+from lazyseq.evaluation import processes, wire
 
 METHODS = [("thread", None), ("process", "fork"), ("process", "forkserver"), ("process", "spawn")]
 

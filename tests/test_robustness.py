@@ -129,24 +129,24 @@ def test_close_while_the_first_read_starts_the_workers_stops_them(monkeypatch, m
 
     With lazy_start, close() from another thread may run while the first read starts the
     workers: they must be stopped too. The window is widened here by closing the prefetch from
-    another thread at the moment ``_start`` builds the pool (thread workers: the backend)."""
-    mod = importlib.import_module("lazyseq.prefetch")
-    name = "SlotPool" if method == "process" else "ThreadBackend"
-    real = getattr(mod, name)
+    another thread at the moment ``_start`` builds the backend."""
+    backends = importlib.import_module("lazyseq.evaluation.view").BACKENDS
+    real = backends[method]
     box = {}
 
-    def closing_first(*args, **kwargs):
-        t = threading.Thread(target=box["p"].close)
-        t.start()
-        t.join()
-        return real(*args, **kwargs)
+    class ClosingFirst(real):
+        def __init__(self, *args, **kwargs):
+            t = threading.Thread(target=box["p"].close)
+            t.start()
+            t.join()
+            super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(mod, name, closing_first)
+    monkeypatch.setitem(backends, method, ClosingFirst)
     before = set(threading.enumerate())
     p = box["p"] = lazyseq.prefetch(lazyseq.smap(_ident, range(10)), 2, method, lazy_start=True)
     with pytest.raises(lazyseq.PrefetchClosed):
         p[0]
-    monkeypatch.setattr(mod, name, real)
+    monkeypatch.setitem(backends, method, real)
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
         children = multiprocessing.active_children()

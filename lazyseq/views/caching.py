@@ -7,7 +7,9 @@ from collections import OrderedDict
 from collections.abc import MutableMapping
 from typing import Any
 
-from ..base import View, check_source, is_finite, keepable, reader
+from ..base import View
+from ..jobslot import keepable
+from ..node import check_source, is_finite, reader
 
 __all__ = ["add_cache"]
 
@@ -36,9 +38,6 @@ class Cache(View):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._setup()
-
-    def __len__(self) -> int:
-        return len(self.src) if self.finite else View.__len__(self)
 
     def _touch(self, i: int) -> tuple[bool, Any]:
         cache = self.cache

@@ -1,13 +1,11 @@
-"""Views that choose, reorder or repeat items: gather, arange, cycle, repeat, interleave,
-switch/case, uniter, shuffle, shard."""
+"""Views that choose or repeat items: gather, arange, cycle, repeat, interleave, switch/case,
+uniter. (The epoch orders, shuffle and shard, are in :mod:`lazyseq.views.order`.)"""
 
 from __future__ import annotations
 
 import bisect
-import hashlib
 import math
 import operator
-import os
 import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -15,10 +13,36 @@ from typing import Any
 
 import numpy as np
 
-from ..base import Exhausted, Routed, View, check_source, compose, gather, is_finite, length, read_each, read_many, reader, take
+from ..base import Gather, Remap, Routed, View, compose
+from ..node import Exhausted, check_source, length, reader
 
-__all__ = ["gather", "take", "arange", "cycle", "repeat", "interleave", "switch", "case", "uniter",
-           "shuffle", "shard"]
+__all__ = ["gather", "take", "arange", "cycle", "repeat", "interleave", "switch", "case", "uniter"]
+
+
+# -- gather ----------------------------------------------------------------------------------------
+def gather(seq: Any, indexes: Any) -> View:
+    """The items of ``seq`` at ``indexes``, in that order: ``[seq[i] for i in indexes]``, lazily.
+
+    ``indexes`` is any sequence of ints (a list, a numpy array, another view); negative indexes
+    count from the end of ``seq``. Writes go through to ``seq``. (The view class, ``Gather``, is in
+    :mod:`lazyseq.base`: an index-array key such as ``v[[3, 1]]`` builds one too.)
+
+    >>> import lazyseq
+    >>> words = ['d', 'e', 'h', 'l', 'o', 'r', 'w', ' ']
+    >>> ''.join(lazyseq.gather(words, [2, 1, 3, 3, 4, 7, 6, 4, 5, 3, 0]))
+    'hello world'
+    """
+    return Gather(seq, indexes)
+
+
+def take(seq: Any, indexes: Any) -> View:
+    """Alias of :func:`gather`.
+
+    >>> import lazyseq
+    >>> list(lazyseq.take([10, 20, 30], [2, -3]))
+    [30, 10]
+    """
+    return Gather(seq, indexes)
 
 
 # -- arange ----------------------------------------------------------------------------------------
@@ -28,7 +52,7 @@ class Arange(View):
     def __init__(self, r: range):
         self.r = r
 
-    def __len__(self) -> int:
+    def _len(self) -> int:
         return len(self.r)
 
     def _get(self, i: int) -> int:
@@ -64,9 +88,9 @@ def arange(start: int, stop: int | None = None, step: int | None = None) -> View
 
 
 # -- cycle and repeat ------------------------------------------------------------------------------
-class Cycle(View):
+class Cycle(Remap):
     def __init__(self, seq: Any, limit: int | None):
-        self.src, self._rd = check_source(seq, "cycle"), reader(seq)
+        self._bind(seq, "cycle")
         n = length(seq)
         if n is None:
             raise TypeError("cycle: the sequence has no len() (it is infinite?); cycling needs a finite one")
@@ -77,22 +101,15 @@ class Cycle(View):
             raise ValueError("cycle: the sequence is empty, so there is nothing to repeat")
         self.finite = self.limit is not None
 
-    def __len__(self) -> int:
-        return View.__len__(self) if self.limit is None else self.limit
+    def _len(self) -> int:
+        return self.limit
 
-    def _get(self, i: int) -> Any:
-        return self._rd(i % len(self.src))
+    def _map(self, i: int) -> int:
+        return i % len(self.src)
 
-    def _get_many(self, idx: Sequence[int]) -> list:
+    def _map_many(self, idx: Sequence[int]) -> list[int]:
         n = len(self.src)
-        return read_many(self.src, [i % n for i in idx])
-
-    def _get_each(self, idx: Sequence[int]) -> list:
-        n = len(self.src)
-        return read_each(self.src, [i % n for i in idx])
-
-    def _set(self, i: int, value: Any) -> None:
-        self.src[i % len(self.src)] = value
+        return [i % n for i in idx]
 
     def describe(self) -> str:
         return "cycle()" if self.limit is None else f"cycle(limit={self.limit})"
@@ -122,8 +139,8 @@ class Repeat(View):
         self.value, self.times = value, times
         self.finite = times is not None
 
-    def __len__(self) -> int:
-        return View.__len__(self) if self.times is None else self.times
+    def _len(self) -> int:
+        return self.times
 
     def _get(self, i: int) -> Any:
         return self.value
@@ -183,8 +200,8 @@ class Interleave(Routed):
             self._out_off.append(self._out_off[-1] + (key[k] - self._in_off[-1]) * (len(order) - pos))
             self._in_off.append(key[k])
 
-    def __len__(self) -> int:
-        return View.__len__(self) if not self.finite else sum(len(s) for s in self.seqs)
+    def _len(self) -> int:
+        return sum(len(s) for s in self.seqs)
 
     def _where(self, i: int) -> tuple[int, int]:
         g = bisect.bisect_right(self._out_off, i) - 1
@@ -223,9 +240,6 @@ class Case(View):
                 raise ValueError(f"{'switch' if switch else 'case'}: all sequences must have the same "
                                  f"length; the selector has {n}, values[{k}] has {m}")
         self.finite = n is not None
-
-    def __len__(self) -> int:
-        return len(self.src) if self.finite else View.__len__(self)
 
     def _pick(self, i: int) -> int:
         s = self._sel(i)
@@ -305,8 +319,8 @@ class Uniter(View):
         self.__dict__.update(state)
         self._setup()
 
-    def __len__(self) -> int:
-        return self.size if self.size is not None else View.__len__(self)
+    def _len(self) -> int:
+        return self.size
 
     def _get(self, i: int) -> Any:
         with self._lock:
@@ -358,156 +372,3 @@ def uniter(iterable: Iterable, cache_size: int = 0, n_parallel: int = 1, size: i
     [0, 1, 4, 9]
     """
     return Uniter(iterable, cache_size, n_parallel, size)
-
-
-# -- shuffle ---------------------------------------------------------------------------------------
-_M64 = (1 << 64) - 1
-_C1, _C2 = 0x9E3779B1, 0xBF58476D1CE4E5B9
-
-
-def _mix(v, key):
-    """The Feistel round function; identical on Python ints and numpy uint64 arrays."""
-    h = (v * _C1 + key) & _M64
-    h ^= h >> 32
-    h = (h * _C2) & _M64
-    return h ^ (h >> 29)
-
-
-class Shuffle(View):
-    ROUNDS = 4
-
-    def __init__(self, seq: Any, seed: int | None, epoch: int):
-        self.src, self._rd = check_source(seq, "shuffle"), reader(seq)
-        if length(seq) is None:
-            raise TypeError("shuffle: the sequence has no len(); only finite sequences can be shuffled")
-        self.seed = int.from_bytes(os.urandom(8), "little") if seed is None else operator.index(seed)
-        self.epoch = operator.index(epoch)
-        self._setup(len(seq))
-
-    def _setup(self, n: int) -> None:
-        # A bijection of [0, 2**bits) from an unbalanced Feistel network; cycle-walking (applying
-        # it again while the result is >= n) makes it a bijection of [0, n) with O(1) state.
-        self._n, bits = n, max(2, (n - 1).bit_length())
-        digest = hashlib.blake2b(f"lazyseq.shuffle:{self.seed}:{self.epoch}".encode(), digest_size=4 * self.ROUNDS).digest()
-        keys = [int.from_bytes(digest[4 * r : 4 * r + 4], "little") for r in range(self.ROUNDS)]
-        hi = bits // 2
-        self._rounds = []
-        for key in keys:
-            lo = bits - hi
-            self._rounds.append((lo, (1 << lo) - 1, hi, (1 << hi) - 1, key))
-            hi = lo
-
-    def __len__(self) -> int:
-        n = len(self.src)
-        if n != self._n:  # the source grew or shrank: the permutation follows its length
-            self._setup(n)
-        return n
-
-    def _permute(self, x: int) -> int:
-        n = self._n
-        while True:
-            for lo, lo_mask, hi, hi_mask, key in self._rounds:
-                x = ((x & lo_mask) << hi) | ((x >> lo) ^ (_mix(x & lo_mask, key) & hi_mask))
-            if x < n:
-                return x
-
-    def _permute_many(self, idx: Sequence[int]) -> list[int]:
-        if len(idx) < 32:
-            return [self._permute(i) for i in idx]
-        x = np.asarray(idx, dtype=np.uint64)
-        todo = np.arange(len(x))
-        n = np.uint64(self._n)
-        with np.errstate(over="ignore"):
-            while len(todo):
-                y = x[todo]
-                for lo, lo_mask, hi, hi_mask, key in self._rounds:
-                    low = y & np.uint64(lo_mask)
-                    y = (low << np.uint64(hi)) | ((y >> np.uint64(lo)) ^ (_mix(low, np.uint64(key)) & np.uint64(hi_mask)))
-                x[todo] = y
-                todo = todo[y >= n]
-        return x.tolist()
-
-    def _get(self, i: int) -> Any:
-        return self._rd(self._permute(i))
-
-    def _get_many(self, idx: Sequence[int]) -> list:
-        return read_many(self.src, self._permute_many(idx))
-
-    def _get_each(self, idx: Sequence[int]) -> list:
-        return read_each(self.src, self._permute_many(idx))
-
-    def _set(self, i: int, value: Any) -> None:
-        self.src[self._permute(i)] = value
-
-    def order(self) -> list[int]:
-        """The source index of every item: ``[source index of item 0, of item 1, ...]``."""
-        return self._permute_many(range(len(self)))
-
-    def describe(self) -> str:
-        return f"shuffle(seed={self.seed}, epoch={self.epoch})"
-
-
-def shuffle(seq: Any, seed: int | None, epoch: int = 0) -> View:
-    """A random permutation of ``seq``, fixed by ``(seed, epoch)``; each epoch gets another order.
-
-    Building it is O(1): item ``i`` is ``seq[p(i)]`` where ``p`` is a keyed bijection (a Feistel
-    network with cycle-walking), computed per read, so no permutation table is ever stored.
-    ``seed=None`` draws a seed once (kept in ``.seed``, so copies sent to workers agree).
-
-    >>> import lazyseq
-    >>> s = lazyseq.shuffle(range(10), seed=42)
-    >>> sorted(s) == list(range(10)), list(s) == list(lazyseq.shuffle(range(10), seed=42))
-    (True, True)
-    >>> list(s) != list(lazyseq.shuffle(range(10), seed=42, epoch=1))
-    True
-    """
-    return Shuffle(seq, seed, epoch)
-
-
-# -- shard -----------------------------------------------------------------------------------------
-class Shard(View):
-    def __init__(self, seq: Any, index: int, count: int, drop_remainder: bool):
-        self.src, self._rd = check_source(seq, "shard"), reader(seq)
-        self.index, self.count, self.drop_remainder = operator.index(index), operator.index(count), drop_remainder
-        if self.count < 1 or not 0 <= self.index < self.count:
-            raise ValueError(f"shard: need 0 <= index < count, got index={index}, count={count}")
-        self.finite = is_finite(seq)
-
-    def __len__(self) -> int:
-        if not self.finite:
-            return View.__len__(self)
-        n = len(self.src)
-        return n // self.count if self.drop_remainder else len(range(self.index, n, self.count))
-
-    def _get(self, i: int) -> Any:
-        return self._rd(self.index + i * self.count)
-
-    def _get_many(self, idx: Sequence[int]) -> list:
-        a, c = self.index, self.count
-        return read_many(self.src, [a + i * c for i in idx])
-
-    def _get_each(self, idx: Sequence[int]) -> list:
-        a, c = self.index, self.count
-        return read_each(self.src, [a + i * c for i in idx])
-
-    def _set(self, i: int, value: Any) -> None:
-        self.src[self.index + i * self.count] = value
-
-    def describe(self) -> str:
-        return f"shard({self.index} of {self.count}{', drop_remainder' if self.drop_remainder else ''})"
-
-
-def shard(seq: Any, index: int, count: int, drop_remainder: bool = False) -> View:
-    """The ``index``-th of ``count`` disjoint parts of ``seq``: items ``index, index + count, ...``.
-
-    Together the parts cover ``seq``; their lengths differ by at most one. With
-    ``drop_remainder=True`` every part has exactly ``len(seq) // count`` items, so data-parallel
-    ranks take the same number of steps (the last ``len(seq) % count`` items are left out).
-
-    >>> import lazyseq
-    >>> [list(lazyseq.shard(range(10), r, 3)) for r in range(3)]
-    [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
-    >>> [list(lazyseq.shard(range(10), r, 3, drop_remainder=True)) for r in range(3)]
-    [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
-    """
-    return Shard(seq, index, count, drop_remainder)

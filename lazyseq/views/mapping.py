@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..base import Failed, View, check_source, checks_keys, fname, is_finite, length, read_each, read_many, reader
+from ..base import View
 from ..errors import wrap_error
+from ..helpers import fname
+from ..node import Failed, bulk_reader, check_source, checks_keys, is_finite, length, read_each, read_many, reader
 
 __all__ = ["smap", "starmap"]
 
@@ -21,13 +23,11 @@ class Map(View):
         self.src = seqs[0] if len(seqs) == 1 else None
         self._rds = tuple(reader(s) for s in self.seqs)
         self._rd = self._rds[0] if len(seqs) == 1 and not star else None
-        self._srcview = isinstance(self.src, View)
+        self._rdm = bulk_reader(self.src) if self.src is not None else None
         self.checks_keys = self.src is not None and checks_keys(self.src)
         self.finite = any(is_finite(s) for s in seqs)
 
-    def __len__(self) -> int:
-        if not self.finite:
-            return View.__len__(self)
+    def _len(self) -> int:
         if self.src is not None:
             return len(self.src)
         return min(n for n in map(length, self.seqs) if n is not None)  # zip semantics
@@ -50,7 +50,7 @@ class Map(View):
         f, out = self.f, []
         add = out.append
         if self.src is not None:
-            xs = self.src._get_many(idx) if self._srcview else list(map(self._rd or self._rds[0], idx))
+            xs = self._rdm(idx)
             try:
                 if self.star:
                     for x in xs:

@@ -8,8 +8,10 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ..base import Exhausted, Routed, Slice, View, check_source, fname, is_finite, length, read_many, reader
+from ..base import Routed, Slice, View
 from ..errors import wrap_error
+from ..helpers import fname
+from ..node import Exhausted, bulk_reader, check_source, is_finite, length, read_many, reader, sizer
 
 __all__ = ["Pad", "batch", "unbatch", "collate", "concatenate", "split"]
 
@@ -39,7 +41,7 @@ class Pad:
 
 class Batch(View):
     def __init__(self, seq: Any, k: int, drop_last: bool, pad: Any, collate_fn: Callable | None):
-        self.src, self._rd, self._srcview = check_source(seq, "batch"), reader(seq), isinstance(seq, View)
+        self.src, self._rd, self._rdm = check_source(seq, "batch"), reader(seq), bulk_reader(seq)
         self.k = operator.index(k)
         if self.k < 1:
             raise ValueError(f"batch: k must be >= 1, got {k}")
@@ -53,10 +55,9 @@ class Batch(View):
             raise TypeError(f"batch: collate_fn must be callable, got {type(collate_fn).__name__}")
         self.collate_fn = collate_fn
         self.finite = is_finite(seq)
+        self._srclen = sizer(seq) if self.finite else None
 
-    def __len__(self) -> int:
-        if not self.finite:
-            return View.__len__(self)
+    def _len(self) -> int:
         full, rest = divmod(len(self.src), self.k)
         return full + (1 if rest and not self.drop_last else 0)
 
@@ -69,10 +70,10 @@ class Batch(View):
         start = i * k
         stop = start + k
         if self.finite:
-            n = len(self.src)
+            n = self._srclen()
             if stop > n:
                 stop = n
-            items = self.src._get_many(range(start, stop)) if self._srcview else list(map(self._rd, range(start, stop)))
+            items = self._rdm(range(start, stop))
         else:
             items = self._get_unsized(start, stop)
             stop = start + len(items)
@@ -144,9 +145,7 @@ class Unbatch(View):
             raise ValueError(f"unbatch: need 0 < last_batch_size <= batch_size, got {last_batch_size}")
         self.finite = is_finite(seq)
 
-    def __len__(self) -> int:
-        if not self.finite:
-            return View.__len__(self)
+    def _len(self) -> int:
         n = len(self.src)
         return 0 if n == 0 else (n - 1) * self.batch_size + self.last_batch_size
 
@@ -213,9 +212,7 @@ class Collate(View):
         self._rds = tuple(reader(s) for s in self.seqs)
         self.finite = bool(lens)
 
-    def __len__(self) -> int:
-        if not self.finite:
-            return View.__len__(self)
+    def _len(self) -> int:
         return min(n for n in map(length, self.seqs) if n is not None)
 
     def _get(self, i: int) -> tuple:
@@ -267,20 +264,12 @@ class Concatenate(Routed):
                 break
             self.offsets.append(self.offsets[-1] + n)
 
-    def __len__(self) -> int:
-        return self.offsets[-1] if self.finite else View.__len__(self)
+    def _len(self) -> int:
+        return self.offsets[-1]
 
     def _where(self, i: int) -> tuple[int, int]:
         k = bisect.bisect_right(self.offsets, i) - 1
         return k, i - self.offsets[k]
-
-    def _get_many(self, idx: Sequence[int]) -> list:
-        where = [self._where(i) for i in idx]
-        parts: dict[int, list[int]] = {}
-        for k, j in where:
-            parts.setdefault(k, []).append(j)
-        got = {k: iter(read_many(self.seqs[k], js)) for k, js in parts.items()}
-        return [next(got[k]) for k, _ in where]
 
     def describe(self) -> str:
         return f"concatenate({len(self.seqs)} sequences)"
@@ -319,7 +308,7 @@ class Split(View):
             self.starts = [max(0, min(operator.index(a), n)) for a, _ in edges]
             self.stops = [max(0, min(operator.index(b), n)) for _, b in edges]
 
-    def __len__(self) -> int:
+    def _len(self) -> int:
         return len(self.starts)
 
     def _get(self, i: int) -> Any:

@@ -11,8 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from ..base import Exhausted, Failed, View, raised, read_many, reader
-from .slots import JobSlot
+from .. import tree
+from ..errors import raised
+from ..helpers import ALIGN, PAGE
+from ..jobslot import JobSlot
+from ..node import Exhausted, Failed, is_node, read_many, reader
 
 JOB = struct.Struct("<qqqqq")  # job id, first index, step, count, slot (-1: no slot)
 HEAD = struct.Struct("<qiiqd")  # job id, kind, number of slot buffers, bytes needed, seconds spent
@@ -79,8 +82,8 @@ def evaluate(seq: Any, idx: range, portable: bool = True) -> list:
     breaks (a ``BaseException`` such as ``SystemExit``), item by item."""
     # Past the end of a source of unknown size (read with a step > 0), every later item of the
     # chunk is past it too: they all get the error of the first such index.
-    unsized = not seq.finite if isinstance(seq, View) else not hasattr(seq, "__len__")
-    if isinstance(seq, View):
+    unsized = not seq.finite if is_node(seq) else not hasattr(seq, "__len__")
+    if is_node(seq):
         try:
             items = seq._get_each(idx)
         except BaseException:
@@ -102,7 +105,7 @@ def evaluate(seq: Any, idx: range, portable: bool = True) -> list:
         except BaseException:
             pass
     out: list = []
-    get = seq.__getitem__ if isinstance(seq, View) else reader(seq)  # the view's checks and error wrapping
+    get = seq.__getitem__ if is_node(seq) else reader(seq)  # the view's checks and error wrapping
     for k, i in enumerate(idx):
         try:
             out.append(get(i))
@@ -121,9 +124,6 @@ def _bytes_from(buf: Any) -> bytes:
     return bytes(buf)
 
 
-_LARGE = 4096  # smaller bytes objects are cheaper in the pickle than in a slot
-
-
 class _Bytes:
     """A large ``bytes`` or ``bytearray`` in a result. The pickler never asks how to reduce those
     (a fast path writes them in-band), so they are swapped for this to travel out-of-band too."""
@@ -137,17 +137,12 @@ class _Bytes:
         return (_bytes_from if type(self.data) is bytes else bytearray), (pickle.PickleBuffer(self.data),)
 
 
-def _swap_bytes(x: Any) -> Any:
+def _swap(x: Any) -> Any:
     t = type(x)
-    if t is bytes or t is bytearray:
-        return _Bytes(x) if len(x) >= _LARGE else x
-    if t is list or t is tuple:
-        y = [_swap_bytes(v) for v in x]
-        return x if all(a is b for a, b in zip(x, y)) else t(y)
-    if t is dict:
-        y = {k: _swap_bytes(v) for k, v in x.items()}
-        return x if all(y[k] is v for k, v in x.items()) else y
-    return x
+    return _Bytes(x) if (t is bytes or t is bytearray) and len(x) >= PAGE else x
+
+
+_PLAIN = frozenset((int, float, bool, type(None), str, np.ndarray))  # leaves that are never large bytes
 
 
 def _address(m: memoryview) -> int:
@@ -172,7 +167,7 @@ def dump_chunk(items: list, job: JobSlot | None) -> tuple[bytes, list[tuple[int,
             if job.start <= addr and addr + n <= job.start + len(job.view):  # made by lazyseq.empty()
                 table.append((addr - job.start, n))
                 return False
-        needed[0] += n + 64
+        needed[0] += n + ALIGN  # its alignment at most
         if job is None or n == 0:
             return True
         off = job.reserve(n)
@@ -183,7 +178,7 @@ def dump_chunk(items: list, job: JobSlot | None) -> tuple[bytes, list[tuple[int,
         return False
 
     f = io.BytesIO()
-    items = [_swap_bytes(x) for x in items]
+    items = [x if type(x) in _PLAIN else tree.map(_swap, x) for x in items]
     try:
         pickle.Pickler(f, protocol=5, buffer_callback=place).dump(items)
     except Exception:
@@ -191,26 +186,20 @@ def dump_chunk(items: list, job: JobSlot | None) -> tuple[bytes, list[tuple[int,
         table.clear()
         if job is not None:
             job.offset = base
-        items = [x if _can_pickle(x) else ItemError(i, _unpicklable(x)) for i, x in enumerate(items)]
+        errors = [_pickle_error(x) for x in items]
+        items = [x if e is None else ItemError(i, e) for i, (x, e) in enumerate(zip(items, errors))]
         f = io.BytesIO()
         pickle.Pickler(f, protocol=5, buffer_callback=place).dump(items)
     return f.getvalue(), table, needed[0]
 
 
-def _can_pickle(x: Any) -> bool:
-    try:
-        pickle.dumps(x, protocol=5, buffer_callback=lambda b: False)
-        return True
-    except Exception:
-        return False
-
-
-def _unpicklable(x: Any) -> BaseException:
+def _pickle_error(x: Any) -> BaseException | None:
+    """Why ``x`` cannot be pickled to leave the worker, or None if it can."""
     try:
         pickle.dumps(x, protocol=5, buffer_callback=lambda b: False)
     except Exception as e:
         return TypeError(f"the item ({type(x).__name__}) cannot be pickled to leave the worker process: {e}")
-    return TypeError("the item cannot be pickled")
+    return None
 
 
 def encode(job_id: int, kind: int, payload: bytes, table: list[tuple[int, int]] = (), needed: int = 0,

@@ -1,33 +1,39 @@
-"""The thread backend: worker threads evaluate chunks of indices from a shared job queue."""
+"""The thread backend: worker threads of the reader's process take chunk jobs from one queue."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
-from ..errors import WorkerStartError
+from ..errors import PrefetchClosed, WorkerStartError
 from . import wire
+from .backend import Result, Settings
+
+__all__ = ["ThreadBackend"]
 
 
 class ThreadBackend:
-    def __init__(self, seq: Any, nworkers: int, start_hook: Callable | None):
-        self.seq, self.start_hook = seq, start_hook
+    """Items come back as the very objects the threads computed: nothing is copied or pickled."""
+
+    COUNTERS: ClassVar[dict[str, int]] = {}
+
+    def __init__(self, seq: Any, settings: Settings, stats: dict):
+        self.seq, self.start_hook = seq, settings.start_hook
         self.cond = threading.Condition()
-        self.jobs: deque[tuple[int, range]] = deque()
-        self.done: list[tuple[int, list, float]] = []
-        self.cancelled: set[int] = set()
-        self.stopping, self.start_error = False, None
+        self.jobs: deque[tuple[int, range]] = deque()  # waiting for a thread
+        self.done: list[Result] = []  # answered, not yet polled
+        self.stopping = False
+        self.start_error: tuple[int, BaseException] | None = None  # (thread, what its start_hook raised)
         self.threads = [threading.Thread(target=self._work, args=(k,), name=f"lazyseq-prefetch-{k}", daemon=True)
-                        for k in range(nworkers)]
+                        for k in range(settings.nworkers)]
         for t in self.threads:
             t.start()
 
     @property
-    def nworkers(self) -> int:
-        return len(self.threads)
+    def pids(self) -> list[int]:
+        return []
 
     def _work(self, k: int) -> None:
         if self.start_hook is not None:
@@ -48,35 +54,31 @@ class ThreadBackend:
             t = time.perf_counter()
             items = wire.evaluate(self.seq, r, portable=False)  # BaseExceptions (SystemExit...) become item errors
             with self.cond:
-                self.done.append((job_id, items, time.perf_counter() - t))
+                self.done.append(Result(job_id, items, time.perf_counter() - t))
                 self.cond.notify_all()
 
-    def full(self) -> bool:  # an in-process queue: never blocks the reader
-        return False
-
-    def behind(self, job_id: int) -> bool:  # one queue for all threads: no job waits behind a stuck one
-        return False
-
-    def started(self, job_id: int) -> bool:
-        return True
-
-    def submit(self, job_id: int, r: range, slot: int | None) -> None:
+    def submit(self, job_id: int, r: range, wanted: bool) -> bool:
         with self.cond:
+            if self.stopping:
+                raise PrefetchClosed("prefetch: the worker threads were stopped")
             self.jobs.append((job_id, r))
             self.cond.notify()
+        return True  # an in-process queue has room for every job
 
     def cancel(self, job_ids: set[int]) -> set[int]:
-        """Drop jobs not yet started; returns those dropped."""
+        """Drop the jobs no thread has taken yet: those never answer."""
         with self.cond:
             dropped = {j for j, _ in self.jobs if j in job_ids}
             if dropped:
                 self.jobs = deque(job for job in self.jobs if job[0] not in dropped)
         return dropped
 
-    def poll(self, timeout: float) -> list[tuple[int, list, float]]:
+    def poll(self, timeout: float) -> list[Result]:
         with self.cond:
-            if not self.done and self.start_error is None:
+            if not self.done and self.start_error is None and not self.stopping:
                 self.cond.wait(timeout)
+            if self.stopping:  # closed from another thread while we waited
+                raise PrefetchClosed("prefetch: the worker threads were stopped")
             out, self.done = self.done, []
         return out
 
@@ -84,8 +86,23 @@ class ThreadBackend:
         if self.start_error is not None:
             k, e = self.start_error
             raise WorkerStartError(f"prefetch worker thread {k} failed to start: {type(e).__name__}: {e}") from e
-        if not any(t.is_alive() for t in self.threads) and not self.stopping:
+        if not self.stopping and not any(t.is_alive() for t in self.threads):
             raise RuntimeError("prefetch: every worker thread has stopped")
+
+    def room(self) -> bool:
+        return True
+
+    def started(self, job_id: int) -> bool:
+        return True
+
+    def behind(self, job_id: int) -> bool:  # one queue for all threads: no job waits behind a stuck one
+        return False
+
+    def chunk_cap(self, item_bytes: float) -> int | None:
+        return None
+
+    def gauges(self) -> dict:
+        return {}
 
     def close(self, grace: float = 1.0) -> None:
         with self.cond:
@@ -94,4 +111,5 @@ class ThreadBackend:
             self.cond.notify_all()
         deadline = time.monotonic() + grace
         for t in self.threads:  # a thread busy in user code cannot be interrupted; it is a daemon
-            t.join(max(0.0, deadline - time.monotonic()))
+            if t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.monotonic()))

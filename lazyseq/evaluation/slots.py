@@ -15,21 +15,15 @@ from __future__ import annotations
 import mmap
 import os
 import secrets
-import threading
 from collections import deque
 from typing import Any
 
 import numpy as np
 
-from .. import base
+from ..helpers import ALIGN, PAGE
+from ..jobslot import current
 
-__all__ = ["SlotPool", "SlotAnchor", "empty", "empty_like", "ALIGN"]
-
-ALIGN = 64  # every buffer in a slot starts on a cache line
-
-
-def align(n: int) -> int:
-    return (n + ALIGN - 1) & ~(ALIGN - 1)
+__all__ = ["SlotPool", "SlotAnchor", "empty", "empty_like"]
 
 
 def create_segment(size: int) -> int:
@@ -74,7 +68,7 @@ class SlotPool:
     """``nslots`` slots of ``slot_size`` bytes in one shared segment (parent side), after a header
     page that holds the ring of cancelled job ids workers check before starting a job."""
 
-    HEADER = 4096
+    HEADER = PAGE
     RING = HEADER // 8
 
     def __init__(self, shm_size: int, nslots: int):
@@ -120,58 +114,6 @@ class SlotPool:
             self.fd = -1
 
 
-# -- worker side: the current job's slot -----------------------------------------------------------
-class JobSlot:
-    """The slot a worker writes the current job into: a bump allocator over its bytes."""
-
-    __slots__ = ("view", "offset", "start")
-
-    def __init__(self, view: np.ndarray, start: int):
-        self.view, self.offset, self.start = view, 0, start  # start: address of the slot
-
-    def reserve(self, nbytes: int) -> int | None:
-        off = align(self.offset)
-        if off + nbytes > len(self.view):
-            return None
-        self.offset = off + nbytes
-        return off
-
-
-# Per thread: only the worker's evaluating thread writes into the job's slot. Arrays that other
-# threads (a nested thread prefetch computing ahead) make could outlive the job.
-_local = threading.local()
-
-
-def set_current(slot: JobSlot | None) -> None:
-    _local.job = slot
-
-
-def current() -> JobSlot | None:
-    return getattr(_local, "job", None)
-
-
-def detach(value: Any) -> Any:
-    """``value`` with every array that lives in the current job's slot copied out of it, for what
-    must outlive the job (a cache): the slot is reused once the job's result is delivered."""
-    job = current()
-    if job is None:
-        return value
-    t = type(value)
-    if t is np.ndarray:
-        addr = value.__array_interface__["data"][0]
-        return value.copy() if job.start <= addr < job.start + len(job.view) else value
-    if t is list or t is tuple:
-        return t(detach(v) for v in value)
-    if t is dict:
-        return {k: detach(v) for k, v in value.items()}
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return t(*(detach(v) for v in value))
-    return value
-
-
-base.keepable_hook = detach
-
-
 def empty(shape: Any, dtype: Any = float, order: str = "C") -> np.ndarray:
     """``numpy.empty``, placed in the current job's shared-memory slot inside a process worker.
 
@@ -185,7 +127,7 @@ def empty(shape: Any, dtype: Any = float, order: str = "C") -> np.ndarray:
     >>> a.shape, a.dtype
     ((2, 3), dtype('float32'))
     """
-    job = getattr(_local, "job", None)
+    job = current()
     if job is not None:
         dt = np.dtype(dtype)
         shp = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)

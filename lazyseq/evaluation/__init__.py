@@ -1,0 +1,13 @@
+"""Evaluation: computing a view's items ahead of its reader, in threads or worker processes.
+
+``view.Prefetch`` is what users hold: its life cycle and read path. It reads through a
+``window.Window`` (which jobs to run ahead, waiting for the wanted item), which drives one backend
+through the protocol of ``backend.py``: ``threads.ThreadBackend`` or ``processes.ProcessBackend``
+(worker processes, ``worker.py``, whose results travel in shared-memory slots, ``slots.py``, as
+``wire.py`` encodes them).
+"""
+
+from .slots import empty, empty_like
+from .view import Prefetch, prefetch
+
+__all__ = ["prefetch", "Prefetch", "empty", "empty_like"]

@@ -1,0 +1,87 @@
+"""The backend protocol: what the prefetch window asks of whatever evaluates its chunk jobs.
+
+A job is a range of indices of the pipeline; a backend evaluates it somewhere (threads of this
+process, worker processes, actors on other machines) and answers with one :class:`Result`. The
+window decides which jobs to run and when; how results travel (shared-memory slots, pipes, an
+object store) is the backend's business alone. Backends: ``threads.ThreadBackend``,
+``processes.ProcessBackend``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+__all__ = ["Backend", "Result", "Settings"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a backend is started with (the prefetch's arguments that concern evaluation)."""
+
+    nworkers: int
+    start_hook: Callable[[int], Any] | None = None
+    max_buffered: int = 10  # results the window may have in flight or ready: slots, for the process backend
+    shm_size: int = 0  # bytes of shared memory (process backend)
+    mp_context: Any = None  # a multiprocessing context (process backend)
+
+
+class Result(NamedTuple):
+    """A job's answer. ``items`` is one entry per index of the job, an item or a ``wire.ItemError``
+    (the item's exception); ``None`` when the job was cancelled before it ran. ``nbytes``: the
+    bytes the items take in the backend's transport, which the window keeps within a cache-sized
+    budget ahead of the reader (0 where the backend does not count them)."""
+
+    job_id: int
+    items: list | None
+    seconds: float = 0.0  # the time the worker spent on the job
+    nbytes: int = 0
+
+
+class Backend(Protocol):
+    """Evaluates chunk jobs of one sequence. Every method is called by the reader's thread, under
+    the prefetch's lock, except :meth:`close`, which may come from any thread; once closed,
+    :meth:`submit` and :meth:`poll` raise ``PrefetchClosed``."""
+
+    COUNTERS: dict[str, int]  # the backend's own entries of ``Prefetch.stats()``, with their start values
+
+    def __init__(self, seq: Any, settings: Settings, stats: dict) -> None:
+        """Start the workers (raise ``WorkerStartError`` or the cause if they cannot start)."""
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the workers (empty where they are not local processes)."""
+
+    def submit(self, job_id: int, r: range, wanted: bool) -> bool:
+        """Send the job of items ``r``; False if there is no room for it now (the window waits
+        for answers). A ``wanted`` job holds the item the reader waits for: it is refused only
+        when the workers' queues are full, and takes a slower path rather than wait for room."""
+
+    def cancel(self, job_ids: set[int]) -> set[int]:
+        """Give jobs up. Returns those that will never answer; the others answer later (cancelled,
+        or with their items if a worker was inside already)."""
+
+    def poll(self, timeout: float) -> list[Result]:
+        """The answers that arrive within ``timeout`` seconds (possibly none)."""
+
+    def check(self) -> None:
+        """Raise ``WorkerCrashed`` (or ``WorkerStartError``) for a worker seen dead or failed."""
+
+    def room(self) -> bool:
+        """Whether a job submitted now would get the backend's fast path (a free slot...)."""
+
+    def started(self, job_id: int) -> bool:
+        """Whether the worker that has the job is up (a start-up is no sign of a slow item)."""
+
+    def behind(self, job_id: int) -> bool:
+        """Whether the job waits behind a given-up job on its worker (which may be stuck)."""
+
+    def chunk_cap(self, item_bytes: float) -> int | None:
+        """At most how many items of this size one job may hold (None: no limit)."""
+
+    def gauges(self) -> dict:
+        """The backend's current state for ``Prefetch.stats()`` (free slots...)."""
+
+    def close(self) -> None:
+        """Stop the workers and release what they hold; idempotent; bounded in time."""

@@ -1,0 +1,349 @@
+"""The process backend: start, feed, supervise and stop worker processes; own their slot pool.
+
+Each worker has its own duplex pipe. The reader sends fixed job records (a range of indices and a
+slot) and receives one message per chunk (``worker.py`` is the other end). The reader waits on the
+pipes and on the processes' sentinels together, so a dead worker is seen as soon as it dies. Every
+job gets a shared-memory slot when one is free; its arrays come back as views of the slot, which
+returns to the pool when the reader drops the last of them (``slots.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import pickle
+import select
+import signal
+import threading
+import time
+from multiprocessing import connection
+from typing import Any, ClassVar, NamedTuple
+
+import cloudpickle
+
+from ..errors import PrefetchClosed, WorkerCrashed, WorkerStartError
+from ..helpers import ALIGN, warn
+from . import wire
+from .backend import Result, Settings
+from .slots import SlotPool
+from .worker import FdForChild, worker_main
+
+__all__ = ["ProcessBackend", "MAX_QUEUED"]
+
+# Parent-side descriptors of every live worker pipe and segment of this process. A forked worker
+# closes all of them, so a worker never keeps another one's pipe open: when the reader's process
+# dies, every worker reads end-of-file. The lock keeps a fork's list from naming a descriptor that
+# another thread closes (and the number gets reused) before the child closes it.
+_PARENT_FDS: set[int] = set()
+FDS_LOCK = threading.RLock()
+
+
+def _forget_parent_fds() -> None:  # a forked child owns none of them (and no thread holds its lock)
+    global FDS_LOCK
+    FDS_LOCK = threading.RLock()
+    _PARENT_FDS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parent_fds)
+
+
+# Job records a worker may have waiting on its connection. A connection is a Unix socketpair,
+# whose send buffer (SO_SNDBUF, 208 KiB by default) is charged ~0.8-1.3 KiB per small record: ~160
+# to ~280 records fit before a send blocks. 64 stays far below, so sending never blocks the reader,
+# even behind a worker stuck on one item while the reader jumps about and gives up job after job.
+MAX_QUEUED = 64
+# A slot goes back to the worker that has it mapped unless that one has this many more jobs waiting.
+_AFFINITY = 2
+
+
+def parent_fd(fd: int) -> None:
+    """Count ``fd`` among the descriptors forked workers close."""
+    with FDS_LOCK:
+        _PARENT_FDS.add(fd)
+
+
+def close_parent_fd(pool: SlotPool) -> None:
+    """Close the pool's descriptor in the reader (workers have their own), never mid-fork."""
+    with FDS_LOCK:
+        _PARENT_FDS.discard(pool.fd)
+        pool.close_fd()
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "is gone"
+    if code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+
+
+class _Job(NamedTuple):
+    worker: int
+    slot: int | None  # None: its results travel through the pipe
+    indices: range
+
+
+class ProcessBackend:
+    """Worker processes with a pipe each, and the pool of shared-memory slots their results use."""
+
+    COUNTERS: ClassVar[dict[str, int]] = dict(bytes_shm=0, bytes_pipe=0, fallbacks=0)
+
+    def __init__(self, seq: Any, settings: Settings, stats: dict):
+        self.settings, self.stats = settings, stats
+        self.ctx, self.method = settings.mp_context, settings.mp_context.get_start_method()
+        self.procs: list = []
+        self.conns: list[connection.Connection] = []
+        self.load: list[int] = []  # jobs outstanding per worker
+        self.ready: list[bool] = []  # per worker: said it started
+        self.slot_worker: dict[int, int] = {}  # the worker that wrote each slot last (has it mapped)
+        self.outstanding: dict[int, _Job] = {}  # unanswered jobs
+        self.abandoned: set[int] = set()  # unanswered jobs the reader gave up (a worker may be inside one)
+        self.warned: set[str] = set()
+        self.pending_crash: int | None = None  # a worker seen dead, reported by check()
+        self.stopping = False
+        self.poller: Any = None
+        self.pool = SlotPool(settings.shm_size, settings.max_buffered)
+        try:
+            self._start(seq)
+        except BaseException:
+            self.close()
+            raise
+        self.sentinels = {p.sentinel: k for k, p in enumerate(self.procs)}
+        self.fds = {c.fileno(): k for k, c in enumerate(self.conns)}
+
+    def _start(self, seq: Any) -> None:
+        pool, fork, hook = self.pool, self.method == "fork", self.settings.start_hook
+        parent_fd(pool.fd)
+        if not fork:
+            try:
+                seq, hook = cloudpickle.dumps(seq), cloudpickle.dumps(hook)
+            except Exception as e:
+                raise TypeError(f"prefetch: the sequence cannot be pickled to start {self.method!r} workers "
+                                f"({e}); use mp_context='fork' or make it picklable") from e
+        with FDS_LOCK if fork else contextlib.nullcontext():  # spawn children inherit no descriptors
+            for k in range(self.settings.nworkers):
+                mine, theirs = self.ctx.Pipe(duplex=True)
+                self.conns.append(mine)
+                _PARENT_FDS.add(mine.fileno())
+                shm = pool.fd if fork else FdForChild(pool.fd)
+                close = sorted(_PARENT_FDS - {pool.fd}) if fork else []
+                p = self.ctx.Process(target=worker_main, name=f"lazyseq-prefetch-{k}",
+                                     args=(k, theirs, seq, hook, shm, pool.slot_size, pool.nslots, close, not fork))
+                p.start()
+                theirs.close()
+                self.procs.append(p)
+                self.load.append(0)
+                self.ready.append(False)
+        close_parent_fd(pool)  # every worker holds its own descriptor or mapping now
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    # -- sending ---------------------------------------------------------------------------------
+    def submit(self, job_id: int, r: range, wanted: bool) -> bool:
+        if self.stopping:
+            raise PrefetchClosed("prefetch: the worker processes were stopped")
+        load = self.load
+        if min(load) >= MAX_QUEUED:
+            return False  # every worker has that many records waiting: wait for answers
+        pool = self.pool
+        slot = pool.acquire() if pool.nslots else None
+        if slot is None and pool.nslots:
+            if not wanted:
+                return False  # wait for the reader to drop items; the wanted item is in flight
+            slot = self._slot_for_wanted()
+        # Workers with an abandoned job outstanding may be inside it for long: others first.
+        busy = {self.outstanding[a].worker for a in self.abandoned} if self.abandoned else ()
+        ks = ([k for k in range(len(load)) if k not in busy and load[k] < MAX_QUEUED] if busy else None) \
+            or range(len(load))
+        k = min(ks, key=load.__getitem__)
+        if slot is not None:
+            # A slot's pages cost a fault per page in each worker that first writes them (1-2 us
+            # each: a 4 MiB slot ~2 ms), so a slot stays with the worker that has it mapped.
+            w = self.slot_worker.get(slot, k)
+            if w not in busy and load[w] <= load[k] + _AFFINITY and load[w] < MAX_QUEUED:
+                k = w
+            self.slot_worker[slot] = k
+        load[k] += 1
+        self.outstanding[job_id] = _Job(k, slot, r)
+        try:
+            self.conns[k].send_bytes(wire.JOB.pack(job_id, r.start, r.step, len(r), -1 if slot is None else slot))
+        except OSError:
+            self._crashed(k)
+        return True
+
+    def _slot_for_wanted(self) -> int | None:
+        """A slot for the item the reader waits for when none is free; None: it takes the pipe."""
+        if not any(job.slot is not None for job in self.outstanding.values()):
+            # No job holds one: the reader does (items kept alive), or cycles not yet collected.
+            gc.collect()
+            slot = self.pool.acquire()
+            if slot is not None:
+                return slot
+            self._warn("held", "prefetch: the reader holds every shared-memory slot (items kept alive), so "
+                       "items go through the pipe; drop items sooner or raise max_buffered")
+        self.stats["fallbacks"] += 1
+        return None
+
+    def cancel(self, job_ids: set[int]) -> set[int]:
+        """Workers skip these jobs when they get to them (answering CANCELLED), unless inside one."""
+        for job_id in job_ids:
+            self.pool.cancel(job_id)
+        self.abandoned |= job_ids & self.outstanding.keys()
+        return set()
+
+    # -- receiving -------------------------------------------------------------------------------
+    def poll(self, timeout: float) -> list[Result]:
+        if self.poller is None:  # registered once: a fresh selector per wait costs more than the wait
+            self.poller = select.poll()
+            for fd in (*self.fds, *self.sentinels):
+                self.poller.register(fd, select.POLLIN)
+        try:
+            events = self.poller.poll(max(0, int(timeout * 1000 + 0.999)))
+        except (OSError, ValueError):
+            if not self.stopping:
+                raise
+            events = []
+        if self.stopping:  # closed from another thread while we waited
+            raise PrefetchClosed("prefetch: the worker processes were stopped")
+        out: list[Result] = []
+        dead = []
+        for fd, _event in events:
+            k = self.fds.get(fd)
+            if k is None:
+                dead.append(self.sentinels[fd])
+                continue
+            try:
+                self._message(k, self.conns[k].recv_bytes(), out)
+            except (EOFError, OSError):
+                dead.append(k)
+        for k in dead:  # what a dead worker sent before dying still counts
+            self._drain(k, out)
+        if dead and not self.stopping:
+            self.pending_crash = dead[0]
+        return out
+
+    def _drain(self, k: int, out: list[Result]) -> None:
+        conn = self.conns[k]
+        try:
+            while conn.poll(0):
+                self._message(k, conn.recv_bytes(), out)
+        except (EOFError, OSError):
+            pass
+
+    def _message(self, k: int, msg: bytes, out: list[Result]) -> None:
+        job_id, kind, table, needed, seconds, payload = wire.decode_head(msg)
+        if kind == wire.START_FAILED:
+            err = cloudpickle.loads(payload).rebuild()
+            raise WorkerStartError(f"prefetch worker {k} failed to start: {type(err).__name__}: {err}") from err
+        if kind == wire.READY:
+            self.ready[k] = True
+            return
+        self.load[k] -= 1
+        self.abandoned.discard(job_id)
+        job = self.outstanding.pop(job_id)
+        if kind == wire.CANCELLED:
+            if job.slot is not None:
+                self.pool.release(job.slot)
+            out.append(Result(job_id, None))
+            return
+        items = self._load(job, table, payload)
+        nbytes = sum(n for _, n in table)
+        self.stats["bytes_shm"] += nbytes
+        self.stats["bytes_pipe"] += len(payload)
+        if job.slot is not None and needed > self.pool.slot_size:
+            self.stats["fallbacks"] += 1
+            s = self.settings
+            self._warn("size", f"prefetch: a chunk of {len(job.indices)} item(s) needed {needed} bytes but a slot "
+                       f"holds {self.pool.slot_size} (shm_size={s.shm_size} / max_buffered={s.max_buffered}); "
+                       f"what did not fit went through the pipe. shm_size >= {needed * s.max_buffered} would fit")
+        out.append(Result(job_id, items, seconds, needed if self.pool.nslots else 0))
+
+    def _load(self, job: _Job, table: list[tuple[int, int]], payload: memoryview) -> list:
+        """A chunk's items; arrays are views of the job's slot that keep it reserved."""
+        try:
+            if table:
+                anchor = self.pool.anchor(job.slot)
+                return pickle.loads(payload, buffers=[anchor[o : o + n] for o, n in table])
+            if job.slot is not None:
+                self.pool.release(job.slot)
+            return pickle.loads(payload)
+        except Exception as e:  # pickled in the worker, but does not unpickle here
+            r = job.indices
+            err = TypeError(f"the results of items {r[0]}..{r[-1]} could not be unpickled in the reader: "
+                            f"{type(e).__name__}: {e}")
+            err.__cause__ = e
+            return [wire.ItemError(j, err, portable=False) for j in r]
+
+    # -- the workers' state ----------------------------------------------------------------------
+    def check(self) -> None:
+        if self.pending_crash is not None:
+            self._crashed(self.pending_crash)
+
+    def _crashed(self, k: int) -> None:
+        if self.stopping:  # closed from another thread: not a crash
+            raise PrefetchClosed("prefetch: the worker processes were stopped")
+        p = self.procs[k]
+        self._drain(k, [])  # a worker that failed to start said why before exiting
+        p.join(0.5)
+        code = p.exitcode
+        raise WorkerCrashed(f"prefetch worker {k} (pid {p.pid}) {_describe_exit(code)}; the items it was "
+                            "computing are lost and this prefetch is closed: create a new one to go on",
+                            p.pid, code)
+
+    def room(self) -> bool:
+        return not self.pool.nslots or self.pool.free() > 0
+
+    def started(self, job_id: int) -> bool:
+        job = self.outstanding.get(job_id)
+        return job is not None and self.ready[job.worker]
+
+    def behind(self, job_id: int) -> bool:
+        """Whether the job waits on a worker that has an abandoned job before it (which may be slow
+        or stuck: nothing else would make the reader wait for it)."""
+        job = self.outstanding.get(job_id)
+        return job is not None and any(a < job_id and self.outstanding[a].worker == job.worker
+                                       for a in self.abandoned)
+
+    def chunk_cap(self, item_bytes: float) -> int | None:
+        if not self.pool.nslots or item_bytes <= 0:
+            return None
+        return max(1, int(self.pool.slot_size // (item_bytes + ALIGN)))
+
+    def gauges(self) -> dict:
+        return dict(slot_size=self.pool.slot_size, slots_free=self.pool.free())
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self.warned:
+            self.warned.add(key)
+            warn(message)
+
+    def close(self, grace: float = 0.3) -> None:
+        self.stopping = True
+        with FDS_LOCK:
+            for c in self.conns:
+                _PARENT_FDS.discard(c.fileno())
+                c.close()  # idle workers read end-of-file and return at once
+        deadline = time.monotonic() + grace
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+        for p in self.procs:
+            p.join(1.0)
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+            if not p.is_alive():
+                p.close()
+        self.procs, self.conns = [], []
+        close_parent_fd(self.pool)

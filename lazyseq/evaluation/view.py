@@ -1,0 +1,234 @@
+"""The prefetch view: its life cycle and read path, over a window that drives one backend."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from ..base import View
+from ..errors import EvaluationError, PrefetchClosed, PrefetchTimeout, passthrough, wrap_error
+from ..helpers import usable_cores
+from ..node import Exhausted, check_source, is_finite
+from . import wire
+from .backend import Backend, Settings
+from .processes import ProcessBackend
+from .threads import ThreadBackend
+from .window import Window
+
+__all__ = ["prefetch", "Prefetch"]
+
+BACKENDS: dict[str, type] = {"thread": ThreadBackend, "process": ProcessBackend}
+
+_forks = [0]  # bumped in a forked child: a prefetch made before the fork is not the child's to run
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
+
+
+class _Machinery:
+    """What must be stopped when the prefetch goes away (held by its finalizer, not by it)."""
+
+    def __init__(self) -> None:
+        self.backend: Backend | None = None
+        self.owner, self.fork = os.getpid(), _forks[0]
+        self.lock, self.stopped = threading.Lock(), False  # stopped: what starts later stops at once
+
+    def stop(self) -> None:
+        if os.getpid() != self.owner:  # a forked copy of the reader's objects: not ours to stop
+            return
+        with self.lock:
+            self.stopped = True
+            backend, self.backend = self.backend, None
+        if backend is not None:
+            backend.close()
+
+
+class Prefetch(View):
+    """See :func:`prefetch`. The view owns the life cycle (start, close, pickling, fork) and turns
+    what the window delivers into items or the errors ``seq[i]`` would raise."""
+
+    def __init__(self, seq: Any, nworkers: int, method: str, max_buffered: int, start_hook: Callable | None,
+                 shm_size: int, mp_context: Any, timeout: float | None, lazy_start: bool):
+        self.src = check_source(seq, "prefetch")
+        if method not in BACKENDS:
+            raise ValueError(f"prefetch: method must be one of {sorted(BACKENDS)}, got {method!r}")
+        if max_buffered < 1:
+            raise ValueError(f"prefetch: max_buffered must be >= 1, got {max_buffered}")
+        if shm_size < 0:
+            raise ValueError(f"prefetch: shm_size must be >= 0, got {shm_size}")
+        if shm_size and method != "process":
+            raise ValueError("prefetch: shm_size only applies to method='process' (threads share memory already)")
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"prefetch: timeout must be > 0 seconds or None, got {timeout}")
+        if isinstance(mp_context, str) or mp_context is None:
+            mp_context = multiprocessing.get_context(mp_context)
+        self.nworkers = max(1, usable_cores() + nworkers) if nworkers <= 0 else nworkers
+        self.method, self.max_buffered, self.start_hook = method, max_buffered, start_hook
+        self.shm_size, self.mp_context, self.timeout = shm_size, mp_context, timeout
+        self.finite = is_finite(seq)
+        self._setup()
+        if not lazy_start:
+            self._start()
+
+    # -- life cycle ------------------------------------------------------------------------------
+    def _setup(self) -> None:
+        """The state of a prefetch that has not started (again, in a copy or a forked child)."""
+        self._lock = threading.RLock()  # one reader at a time; close() does not take it
+        self._m = _Machinery()
+        self._finalizer = weakref.finalize(self, self._m.stop)
+        self._error: BaseException | None = None  # what every read raises from now on
+        self._window: Window | None = None  # made with the backend, at the start
+
+    def _start(self) -> None:
+        m = self._m
+        if m.backend is not None:
+            return
+        cls = BACKENDS[self.method]
+        stats = {**Window.COUNTERS, **cls.COUNTERS}
+        settings = Settings(self.nworkers, self.start_hook, self.max_buffered, self.shm_size, self.mp_context)
+        try:
+            backend = cls(self.src, settings, stats)
+            with m.lock:
+                m.backend, stopped = backend, m.stopped
+            if stopped:  # close() ran while the workers started (from another thread): stop them now
+                raise self._error or PrefetchClosed(f"{self.describe()} was closed")
+        except BaseException:
+            m.stop()
+            raise
+        self._window = Window(self.src, backend, self.nworkers, self.max_buffered, self.timeout, stats,
+                              self.describe())
+
+    def close(self) -> None:
+        """Stop the workers and release the shared memory; items already read stay valid.
+
+        Safe from any thread: a reader waiting for an item gets ``PrefetchClosed``."""
+        if self._error is None:
+            self._error = PrefetchClosed(f"{self.describe()} is closed; create a new one to read on")
+        self._finalizer()  # idempotent; does not wait for the reader's lock
+        if self._window is not None and self._lock.acquire(blocking=False):
+            try:
+                self._window.clear()
+            finally:
+                self._lock.release()
+
+    @property
+    def closed(self) -> bool:
+        """Whether it is closed (``close()``, a crashed worker, Ctrl-C while reading): reads raise."""
+        return self._error is not None
+
+    def __enter__(self) -> Prefetch:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict:
+        keep = ("src", "nworkers", "method", "max_buffered", "start_hook", "shm_size", "timeout", "finite")
+        state = {k: self.__dict__[k] for k in keep}
+        state["mp_context"] = self.mp_context.get_start_method()
+        return state
+
+    def __setstate__(self, state: dict) -> None:  # a copy (e.g. nested in a worker) starts on first read
+        self.__dict__.update(state)
+        self.mp_context = multiprocessing.get_context(state["mp_context"])
+        self._setup()
+
+    # -- reads -----------------------------------------------------------------------------------
+    def _get(self, i: int) -> Any:
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            try:
+                if self._m.fork != _forks[0]:  # a forked copy of a started prefetch: start afresh
+                    self._setup()
+                if self._m.backend is None:
+                    self._start()
+                value = self._window.read(i)
+            except (IndexError, PrefetchTimeout):
+                if isinstance(self._error, PrefetchClosed):  # close() from another thread meanwhile
+                    raise self._error from None
+                raise  # about this item only: the prefetch goes on
+            except BaseException as e:  # a crash, a failed start, Ctrl-C, close(): stop every worker
+                if isinstance(self._error, PrefetchClosed) and not isinstance(e, KeyboardInterrupt):
+                    raise self._error from None  # whatever close() from another thread broke on the way
+                self.close()
+                self._error = PrefetchClosed("prefetch: stopped by KeyboardInterrupt; create a new one") \
+                    if isinstance(e, KeyboardInterrupt) else e
+                raise
+            if isinstance(self._error, PrefetchClosed):  # close() ran meanwhile: a waiting reader gets PrefetchClosed
+                raise self._error
+            return self._deliver(i, value)
+
+    def _deliver(self, i: int, value: Any) -> Any:
+        if type(value) is not wire.ItemError:
+            return value
+        err = value.rebuild()
+        if isinstance(err, Exhausted):  # a source of unknown size ended: iteration stops here
+            raise err
+        if passthrough():
+            raise (err.__cause__ if isinstance(err, EvaluationError) and err.__cause__ is not None
+                   and not isinstance(err.__cause__, wire.RemoteTraceback) else err)
+        if isinstance(err, (EvaluationError, IndexError)):
+            raise err  # as seq[i] raises it; the base class notes which item of this prefetch was read
+        raise wrap_error(err, i, self)
+
+    # -- introspection ---------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Counters: items computed, jobs sent, current chunk size, reads that had to wait and the
+        time spent waiting, jumps; the process backend adds bytes through shared memory and through
+        the pipe, fallbacks to the pipe, and its pool's ``slot_size`` and ``slots_free``."""
+        with self._lock:
+            window = self._window
+            out = dict(window.stats) if window is not None else {**Window.COUNTERS, **BACKENDS[self.method].COUNTERS}
+            out.update(method=self.method, nworkers=self.nworkers, max_buffered=self.max_buffered)
+            if window is not None:
+                out.update(window.backend.gauges())
+            return out
+
+    def worker_pids(self) -> list[int]:
+        """The process ids of the workers (empty for threads, or before they start)."""
+        backend = self._m.backend
+        return list(backend.pids) if backend is not None else []
+
+    def describe(self) -> str:
+        what = {"thread": "threads", "process": "processes"}.get(self.method, f"{self.method} workers")
+        shm = f", shm_size={self.shm_size}" if self.shm_size else ""
+        return f"prefetch({self.nworkers} {what}, max_buffered={self.max_buffered}{shm})"
+
+
+def prefetch(seq: Any, nworkers: int = 0, method: str = "thread", max_buffered: int = 10,
+             start_hook: Callable | None = None, shm_size: int = 0, *, mp_context: Any = None,
+             timeout: float | None = None, lazy_start: bool = False) -> Prefetch:
+    """The items of ``seq``, computed ahead of the reader by worker threads or processes.
+
+    ``p[i]`` is ``seq[i]`` for every key ``seq`` accepts. Reading in order keeps up to
+    ``max_buffered`` chunks of items in flight; a jump restarts the window at the new index,
+    cancelling work no longer wanted and keeping what is still wanted.
+
+    - ``nworkers``: number of workers; ``<= 0`` means usable cores + ``nworkers`` (at least 1).
+    - ``method``: ``'thread'`` or ``'process'``. Process workers get chunks of indices over a
+      pipe and evaluate them with one bulk read; results come back as one small pickle per chunk.
+    - ``shm_size``: bytes of shared memory for process workers, split into ``max_buffered`` slots.
+      Every numpy array, bytearray and large bytes object of a result is written into the job's
+      slot and read back as a zero-copy view; the slot is reused only when no array built on it is
+      alive in the reader. What does not fit a slot goes through the pipe (warned once, counted
+      in ``stats()['fallbacks']``). ``lazyseq.empty``/``empty_like`` build arrays in the slot
+      directly, saving that copy.
+    - ``start_hook(worker_index)`` runs once in every worker before its first item.
+    - ``mp_context``: ``'fork'``, ``'forkserver'``, ``'spawn'`` or a multiprocessing context.
+    - ``timeout``: seconds to wait for one item before :class:`lazyseq.PrefetchTimeout`.
+    - ``lazy_start``: start workers at the first read rather than now.
+
+    An exception in a worker is raised as :class:`EvaluationError` for that item only; a worker
+    that dies raises :class:`WorkerCrashed`. ``close()``, a ``with`` block or dropping the object
+    stops the workers.
+
+    >>> import lazyseq
+    >>> with lazyseq.prefetch(lazyseq.smap(lambda x: x * x, range(100)), nworkers=2) as p:
+    ...     p[5], p[-1], list(p[:4])
+    (25, 9801, [0, 1, 4, 9])
+    """
+    return Prefetch(seq, nworkers, method, max_buffered, start_hook, shm_size, mp_context, timeout, lazy_start)

@@ -1,0 +1,61 @@
+"""The shared-memory slot a process worker is filling for its current job, per thread.
+
+A leaf below both the views and the evaluation package: the process backend sets the current
+slot around each job; ``lazyseq.empty`` allocates in it; views that keep items beyond a read
+(``add_cache``) keep :func:`keepable` copies, since the slot is reused once the job is delivered.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from . import tree
+from .helpers import align
+
+__all__ = ["JobSlot", "set_current", "current", "keepable"]
+
+
+class JobSlot:
+    """The slot a worker writes the current job into: a bump allocator over its bytes."""
+
+    __slots__ = ("view", "offset", "start")
+
+    def __init__(self, view: np.ndarray, start: int):
+        self.view, self.offset, self.start = view, 0, start  # start: address of the slot
+
+    def reserve(self, nbytes: int) -> int | None:
+        off = align(self.offset)
+        if off + nbytes > len(self.view):
+            return None
+        self.offset = off + nbytes
+        return off
+
+    def holds(self, a: np.ndarray) -> bool:
+        """Whether ``a``'s data lies in this slot."""
+        addr = a.__array_interface__["data"][0]
+        return self.start <= addr < self.start + len(self.view)
+
+
+# Per thread: only the worker's evaluating thread writes into the job's slot. Arrays that other
+# threads (a nested thread prefetch computing ahead) make could outlive the job.
+_local = threading.local()
+
+
+def set_current(slot: JobSlot | None) -> None:
+    _local.job = slot
+
+
+def current() -> JobSlot | None:
+    return getattr(_local, "job", None)
+
+
+def keepable(value: Any) -> Any:
+    """``value`` with every array that lives in the current job's slot copied out of it, for what
+    must outlive the job (a cache). Outside a process worker's job: ``value`` itself."""
+    job = current()
+    if job is None:
+        return value
+    return tree.map(lambda a: a.copy() if type(a) is np.ndarray and job.holds(a) else a, value)

@@ -1,0 +1,257 @@
+"""The read protocol: how a pipeline reads its sources by valid index, one item, many, or many
+past failures, whether a source is a view or a plain sequence (list, array, range, dataset).
+
+:class:`Node` is what every view answers to the views above it: ``_len``, ``_get(i)``,
+``_get_many(idx)``, ``_get_each(idx)``, ``_set``, ``children`` and ``describe`` (and a repr
+drawn from them). It takes only valid, non-negative ``int`` indices: checking and normalising
+what a user passes as a key is :class:`lazyseq.base.View`'s job, done once at the top.
+The helpers below read any source through the fastest path it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Node", "Exhausted", "Failed", "each", "check_source", "reader", "bulk_reader", "sizer", "read_many",
+           "read_each", "length", "checks_keys", "is_finite", "describe_source"]
+
+
+class Exhausted(IndexError):
+    """The end of a sequence of unknown size (a ``uniter``, a source without ``len``) was reached.
+
+    Iterating a view without ``len`` stops on this error only: any other ``IndexError`` met while
+    reading an item is a bug in the pipeline (a bad gather index...) and is raised.
+    """
+
+
+class Failed:
+    """An item of a ``_get_each`` result whose read raised: the exception, as ``_get`` raises it."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def each(get: Callable[[int], Any], idx: Sequence[int]) -> list:
+    """``[get(i) for i in idx]`` with ``Failed(error)`` for the items that raise (an ``Exhausted``
+    too: the indices may come in any order, so the items after one may still be there)."""
+    out: list = []
+    add = out.append
+    for i in idx:
+        try:
+            add(get(i))
+        except Exception as e:
+            add(Failed(e))
+    return out
+
+
+class Node(Sequence):
+    """A lazy sequence as the views above it read it. Infinite views (and views of unknown size)
+    set ``finite = False``; ``checks_keys = True`` says ``_get`` itself raises ``IndexError`` past
+    the end and wraps negative keys, as a list does (a gather over it then checks nothing)."""
+
+    finite: bool = True
+    checks_keys: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__len__" in cls.__dict__ and "_len" not in cls.__dict__:  # a subclass written to len(): keep it
+            cls._len = cls.__dict__["__len__"]
+
+    def __len__(self) -> int:
+        if self.finite:
+            return self._len()
+        raise TypeError(f"{self.describe()} has no len(): it is infinite or its size is unknown")
+
+    def _len(self) -> int:
+        """The length of a finite view; by default its one source's (``self.src``)."""
+        return len(self.src)
+
+    def _get(self, i: int) -> Any:
+        raise NotImplementedError
+
+    def _get_many(self, idx: Sequence[int]) -> list:
+        get = self._get
+        return [get(i) for i in idx]
+
+    def _get_each(self, idx: Sequence[int]) -> list:
+        """``_get_many`` that goes past failures: an item whose read raises is ``Failed(error)``.
+
+        Views that map indices or apply a function override it so that every item is read once;
+        here, a view with a bulk read of its own tries it and, if it raises, reads item by item.
+        """
+        if type(self)._get_many is not Node._get_many:
+            try:
+                return self._get_many(idx)
+            except Exception:
+                pass
+        return each(self._get, idx)
+
+    def _set(self, i: int, value: Any) -> None:
+        raise TypeError(
+            f"{self.describe()} does not support item assignment: its items are computed, "
+            "so there is nothing to write to; write to its source instead"
+        )
+
+    def children(self) -> tuple:
+        """The sequences this view reads from (for ``repr``)."""
+        src = getattr(self, "src", None)
+        return () if src is None else (src,)
+
+    def describe(self) -> str:
+        """A one-line description of this view alone, e.g. ``smap(decode)``."""
+        return type(self).__name__.lower()
+
+    def __repr__(self) -> str:
+        return "\n".join(_tree(self, 0))
+
+    def __str__(self) -> str:
+        return self.__repr__()
+
+
+def _tree(node: Any, depth: int, seen: set | None = None) -> list[str]:
+    seen = set() if seen is None else seen
+    if not isinstance(node, Node):
+        return [describe_source(node)]
+    head = node.describe()
+    if node.finite:
+        head += f"  len={len(node)}"
+    kids = node.children()
+    if depth >= 8 and kids:
+        return [head, "└─ ..."]
+    if id(node) in seen:
+        return [head + "  (shown above)"]
+    seen.add(id(node))
+    lines = [head]
+    for k, kid in enumerate(kids):
+        last = k == len(kids) - 1
+        sub = _tree(kid, depth + 1, seen)
+        lines.append(("└─ " if last else "├─ ") + sub[0])
+        lines.extend(("   " if last else "│  ") + s for s in sub[1:])
+    return lines
+
+
+_NODE_TYPES: dict[type, bool] = {}
+
+
+def is_node(src: Any) -> bool:
+    """``isinstance(src, Node)``, without the ABC machinery's cost on every read (``Node`` is a
+    ``Sequence``, so a plain ``isinstance`` runs Python code: ~0.4 us, as much as a whole read)."""
+    t = type(src)
+    known = _NODE_TYPES.get(t)
+    if known is None:
+        known = _NODE_TYPES[t] = issubclass(t, Node)
+    return known
+
+
+def describe_source(src: Any) -> str:
+    """One line for a plain source (list, array, range, dataset)."""
+    if is_node(src):
+        return src.describe()
+    if isinstance(src, np.ndarray):
+        return f"ndarray(shape={src.shape}, dtype={src.dtype})"
+    if isinstance(src, range):
+        return repr(src)
+    try:
+        return f"{type(src).__name__}  len={len(src)}"
+    except TypeError:
+        return type(src).__name__
+
+
+# -- reading any source ------------------------------------------------------------------------------
+def check_source(src: Any, where: str) -> Any:
+    if is_node(src) or hasattr(src, "__getitem__"):
+        return src
+    hint = " (an iterator: wrap it with lazyseq.uniter(...))" if hasattr(src, "__next__") else ""
+    raise TypeError(f"{where}: expected a sequence (an object with __getitem__), got {type(src).__name__}{hint}")
+
+
+def reader(src: Any) -> Callable[[int], Any]:
+    """The fastest single-item read of ``src`` for a valid non-negative int index."""
+    if is_node(src):
+        return src._get
+    return src.__getitem__ if hasattr(src, "__len__") else _UnsizedReader(src)
+
+
+class _UnsizedReader:
+    """Reads a source without len (old iteration protocol): its IndexError marks the end."""
+
+    __slots__ = ("src",)
+
+    def __init__(self, src: Any):
+        self.src = src
+
+    def __call__(self, i: int) -> Any:
+        try:
+            return self.src[i]
+        except IndexError as e:
+            raise Exhausted(*e.args) from None
+
+    def __reduce__(self):
+        return (_UnsizedReader, (self.src,))
+
+
+def read_many(src: Any, idx: Sequence[int]) -> list:
+    """Read valid indices ``idx`` of ``src`` in one call."""
+    if is_node(src):
+        return src._get_many(idx)
+    return list(map(src.__getitem__ if hasattr(src, "__len__") else _UnsizedReader(src), idx))
+
+
+def sizer(src: Any) -> Callable[[], int]:
+    """``len`` bound to a finite ``src`` once, without the finiteness check of ``Node.__len__``
+    (a view reads its source's length on every read; one frame less counts there)."""
+    return src._len if is_node(src) else src.__len__
+
+
+def bulk_reader(src: Any) -> Callable[[Sequence[int]], list]:
+    """:func:`read_many` bound to ``src`` once: what a view keeps to read its source in bulk on
+    every read without asking again what the source is."""
+    return src._get_many if is_node(src) else _ManyReader(reader(src))
+
+
+class _ManyReader:
+    __slots__ = ("get",)
+
+    def __init__(self, get: Callable[[int], Any]):
+        self.get = get
+
+    def __call__(self, idx: Sequence[int]) -> list:
+        return list(map(self.get, idx))
+
+    def __reduce__(self):
+        return (_ManyReader, (self.get,))
+
+
+def read_each(src: Any, idx: Sequence[int]) -> list:
+    """:func:`read_many` going past failures: ``Failed(error)`` for each item that raises."""
+    if is_node(src):
+        return src._get_each(idx)
+    return each(src.__getitem__ if hasattr(src, "__len__") else _UnsizedReader(src), idx)
+
+
+def length(src: Any) -> int | None:
+    """``len(src)``, or None for an infinite view or a source without len."""
+    if is_node(src):
+        return src._len() if src.finite else None
+    try:
+        return len(src)
+    except TypeError:
+        return None
+
+
+_CHECKED = (list, tuple, range, str, bytes, np.ndarray)
+
+
+def checks_keys(src: Any) -> bool:
+    """Whether ``src`` itself wraps negative int keys and raises IndexError past its end, as a list
+    does; views that do so set ``checks_keys = True``."""
+    return src.checks_keys if is_node(src) else isinstance(src, _CHECKED)
+
+
+def is_finite(src: Any) -> bool:
+    return src.finite if is_node(src) else hasattr(src, "__len__")

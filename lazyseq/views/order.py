@@ -1,0 +1,149 @@
+"""The orders of training epochs: shuffle (a random permutation in O(1) memory) and shard (one
+rank's part of it)."""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..base import Remap, View
+from ..node import is_finite, length
+
+__all__ = ["shuffle", "shard"]
+
+
+# -- shuffle ---------------------------------------------------------------------------------------
+_M64 = (1 << 64) - 1
+_C1, _C2 = 0x9E3779B1, 0xBF58476D1CE4E5B9
+
+
+def _mix(v, key):
+    """The Feistel round function; identical on Python ints and numpy uint64 arrays."""
+    h = (v * _C1 + key) & _M64
+    h ^= h >> 32
+    h = (h * _C2) & _M64
+    return h ^ (h >> 29)
+
+
+class Shuffle(Remap):
+    ROUNDS = 4
+
+    def __init__(self, seq: Any, seed: int | None, epoch: int):
+        self._bind(seq, "shuffle")
+        if length(seq) is None:
+            raise TypeError("shuffle: the sequence has no len(); only finite sequences can be shuffled")
+        self.seed = int.from_bytes(os.urandom(8), "little") if seed is None else operator.index(seed)
+        self.epoch = operator.index(epoch)
+        self._setup(len(seq))
+
+    def _setup(self, n: int) -> None:
+        # A bijection of [0, 2**bits) from an unbalanced Feistel network; cycle-walking (applying
+        # it again while the result is >= n) makes it a bijection of [0, n) with O(1) state.
+        self._n, bits = n, max(2, (n - 1).bit_length())
+        digest = hashlib.blake2b(f"lazyseq.shuffle:{self.seed}:{self.epoch}".encode(), digest_size=4 * self.ROUNDS).digest()
+        keys = [int.from_bytes(digest[4 * r : 4 * r + 4], "little") for r in range(self.ROUNDS)]
+        hi = bits // 2
+        self._rounds = []
+        for key in keys:
+            lo = bits - hi
+            self._rounds.append((lo, (1 << lo) - 1, hi, (1 << hi) - 1, key))
+            hi = lo
+
+    def _len(self) -> int:
+        n = len(self.src)
+        if n != self._n:  # the source grew or shrank: the permutation follows its length
+            self._setup(n)
+        return n
+
+    def _map(self, x: int) -> int:
+        n = self._n
+        while True:
+            for lo, lo_mask, hi, hi_mask, key in self._rounds:
+                x = ((x & lo_mask) << hi) | ((x >> lo) ^ (_mix(x & lo_mask, key) & hi_mask))
+            if x < n:
+                return x
+
+    def _map_many(self, idx: Sequence[int]) -> list[int]:
+        if len(idx) < 32:
+            return [self._map(i) for i in idx]
+        x = np.asarray(idx, dtype=np.uint64)
+        todo = np.arange(len(x))
+        n = np.uint64(self._n)
+        with np.errstate(over="ignore"):
+            while len(todo):
+                y = x[todo]
+                for lo, lo_mask, hi, hi_mask, key in self._rounds:
+                    low = y & np.uint64(lo_mask)
+                    y = (low << np.uint64(hi)) | ((y >> np.uint64(lo)) ^ (_mix(low, np.uint64(key)) & np.uint64(hi_mask)))
+                x[todo] = y
+                todo = todo[y >= n]
+        return x.tolist()
+
+    def order(self) -> list[int]:
+        """The source index of every item: ``[source index of item 0, of item 1, ...]``."""
+        return self._map_many(range(len(self)))
+
+    def describe(self) -> str:
+        return f"shuffle(seed={self.seed}, epoch={self.epoch})"
+
+
+def shuffle(seq: Any, seed: int | None, epoch: int = 0) -> View:
+    """A random permutation of ``seq``, fixed by ``(seed, epoch)``; each epoch gets another order.
+
+    Building it is O(1): item ``i`` is ``seq[p(i)]`` where ``p`` is a keyed bijection (a Feistel
+    network with cycle-walking), computed per read, so no permutation table is ever stored.
+    ``seed=None`` draws a seed once (kept in ``.seed``, so copies sent to workers agree).
+
+    >>> import lazyseq
+    >>> s = lazyseq.shuffle(range(10), seed=42)
+    >>> sorted(s) == list(range(10)), list(s) == list(lazyseq.shuffle(range(10), seed=42))
+    (True, True)
+    >>> list(s) != list(lazyseq.shuffle(range(10), seed=42, epoch=1))
+    True
+    """
+    return Shuffle(seq, seed, epoch)
+
+
+# -- shard -----------------------------------------------------------------------------------------
+class Shard(Remap):
+    def __init__(self, seq: Any, index: int, count: int, drop_remainder: bool):
+        self._bind(seq, "shard")
+        self.index, self.count, self.drop_remainder = operator.index(index), operator.index(count), drop_remainder
+        if self.count < 1 or not 0 <= self.index < self.count:
+            raise ValueError(f"shard: need 0 <= index < count, got index={index}, count={count}")
+        self.finite = is_finite(seq)
+
+    def _len(self) -> int:
+        n = len(self.src)
+        return n // self.count if self.drop_remainder else len(range(self.index, n, self.count))
+
+    def _map(self, i: int) -> int:
+        return self.index + i * self.count
+
+    def _map_many(self, idx: Sequence[int]) -> list[int]:
+        a, c = self.index, self.count
+        return [a + i * c for i in idx]
+
+    def describe(self) -> str:
+        return f"shard({self.index} of {self.count}{', drop_remainder' if self.drop_remainder else ''})"
+
+
+def shard(seq: Any, index: int, count: int, drop_remainder: bool = False) -> View:
+    """The ``index``-th of ``count`` disjoint parts of ``seq``: items ``index, index + count, ...``.
+
+    Together the parts cover ``seq``; their lengths differ by at most one. With
+    ``drop_remainder=True`` every part has exactly ``len(seq) // count`` items, so data-parallel
+    ranks take the same number of steps (the last ``len(seq) % count`` items are left out).
+
+    >>> import lazyseq
+    >>> [list(lazyseq.shard(range(10), r, 3)) for r in range(3)]
+    [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+    >>> [list(lazyseq.shard(range(10), r, 3, drop_remainder=True)) for r in range(3)]
+    [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+    """
+    return Shard(seq, index, count, drop_remainder)
