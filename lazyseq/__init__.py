@@ -9,8 +9,10 @@ from .base import View
 from .dataloader import DataLoader, default_collate
 from .errors import EvaluationError, PrefetchClosed, PrefetchTimeout, WorkerCrashed, WorkerStartError, seterr
 from .evaluation import empty, empty_like, prefetch
+from .serialization import SerializableFunc
 from .tensor import to_tensor
 from .views.caching import add_cache
+from .views.faults import Skip, on_error
 from .views.indexing import arange, case, cycle, gather, interleave, repeat, switch, take, uniter
 from .views.mapping import smap, starmap
 from .views.order import shard, shuffle
@@ -24,4 +26,6 @@ __all__ = [
     "WorkerStartError", "add_cache", "arange", "batch", "case", "collate", "concatenate", "cycle", "empty",
     "empty_like", "gather", "instrument", "interleave", "prefetch", "repeat", "seterr", "shard", "shuffle",
     "smap", "split", "starmap", "switch", "take", "unbatch", "uniter",
+    "Skip", "on_error",
+    "SerializableFunc",
 ]

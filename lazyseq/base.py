@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .errors import EvaluationError, raised, wrap_error
+from .keys import compose, index_array, span
 from .node import (
     Exhausted,
     Failed,
@@ -34,11 +35,13 @@ from .node import (
     check_source,
     checks_keys,
     each,
+    into,
     is_finite,
     length,
     read_each,
     read_many,
     reader,
+    sizer,
 )
 
 __all__ = ["View", "Remap", "Routed", "Slice", "InfiniteSlice", "Gather"]
@@ -99,7 +102,8 @@ class View(Node):
     def index(self, value: Any, start: int = 0, stop: int | None = None) -> int:
         # Sequence.index stops at the first IndexError, which would hide an inner one (a bad gather
         # index) as "not found"; a slice's iteration raises it.
-        first = range(self._len())[start:stop].start if self.finite else start
+        # a Python int: a numpy start would wrap (np.int8(127) + 1) and leak into the result
+        first = range(self._len())[start:stop].start if self.finite else 0 if start is None else operator.index(start)
         for i, v in enumerate(self[start:stop]):
             if v is value or v == value:
                 return first + i
@@ -117,35 +121,9 @@ class View(Node):
 
     def _index_array(self, key) -> list[int]:
         """Check and normalise a list or array of indices (or a boolean mask)."""
-        if isinstance(key, (str, bytes, tuple, dict)) or not hasattr(key, "__len__"):
-            raise TypeError(
-                f"{self.describe()} indices must be integers, slices, or lists/arrays of integers, "
-                f"not {type(key).__name__}"
-            )
-        arr = np.asarray(key)
-        if arr.ndim != 1:
-            raise TypeError(f"{self.describe()}: index arrays must be 1-D, got shape {arr.shape}")
-        if arr.dtype == bool:
-            n = len(self)
-            if len(arr) != n:
-                raise IndexError(f"boolean mask of length {len(arr)} for {self.describe()} of length {n}")
-            return np.flatnonzero(arr).tolist()
-        if arr.size == 0:
-            return []
-        if arr.dtype.kind not in "iu":
-            raise TypeError(
-                f"{self.describe()} index arrays must hold integers, not {arr.dtype} (first: {arr[0]!r})"
-            )
-        arr = arr.astype(np.int64, copy=False)
         if self.finite:
-            n = self._len()
-            bad = (arr < -n) | (arr >= n)
-            if bad.any():
-                raise IndexError(f"index {arr[bad][0]} out of range for {self.describe()} of length {n}")
-            arr = np.where(arr < 0, arr + n, arr)
-        elif (arr < 0).any():
-            raise IndexError(f"negative index {arr[arr < 0][0]} on {self.describe()}, which has no len()")
-        return arr.tolist()
+            return index_array(key, self._len(), self.describe())
+        return index_array(key, None, self.describe(), mask_len=lambda: len(self))
 
     # -- writes ----------------------------------------------------------------------------------
     def __setitem__(self, key, value) -> None:
@@ -201,12 +179,12 @@ class Remap(View):
     def _get_many(self, idx: Sequence[int]) -> list:
         return self._rdm(self._map_many(idx))
 
-    def _get_each(self, idx: Sequence[int]) -> list:
+    def _get_each(self, idx: Sequence[int], out: list | None = None) -> list:
         try:
             js = self._map_many(idx)
         except IndexError:  # a bad index from a gather that leaves the checks to us: item by item
-            return each(self._get, idx)
-        return read_each(self.src, js)
+            return each(self._get, idx, out)
+        return read_each(self.src, js, out)
 
     def _set(self, i: int, value: Any) -> None:
         self.src[self._map(i)] = value
@@ -222,7 +200,7 @@ class Slice(Remap):
         self.r, self._map = r, r.__getitem__
 
     def _len(self) -> int:
-        return len(self.r)
+        return span(self.r)
 
     def _slice(self, r: range) -> View:
         sub = compose(self.r.start, self.r.step, r)
@@ -255,12 +233,6 @@ class InfiniteSlice(Remap):
         return f"slice[{self.start}::{self.step}]"
 
 
-def compose(start: int, step: int, r: range) -> range:
-    """The indices ``start + k * step`` for ``k`` in ``r``, as a range (a slice of a slice)."""
-    first, st = start + r.start * step, step * r.step
-    return range(first, first + len(r) * st, st)
-
-
 def _infinite_range(view: View, key: slice) -> range | None:
     """The finite range a slice selects from a view without len, or None if it is unbounded."""
     step = 1 if key.step is None else operator.index(key.step)
@@ -287,7 +259,7 @@ def _infinite_slice(view: View, key: slice) -> View:
         if isinstance(view, InfiniteSlice):
             return InfiniteSlice(view.src, view.start + start * view.step, step * view.step)
         return InfiniteSlice(view, start, step)
-    return view._slice(r) if len(r) else Slice(view, r)
+    return view._slice(r) if r else Slice(view, r)
 
 
 # -- several sources, routed -----------------------------------------------------------------------
@@ -325,11 +297,12 @@ class Routed(View):
     def _get_many(self, idx: Sequence[int]) -> list:
         return self._grouped(idx, read_many)
 
-    def _get_each(self, idx: Sequence[int]) -> list:
+    def _get_each(self, idx: Sequence[int], out: list | None = None) -> list:
         try:
-            return self._grouped(idx, read_each)
+            items = self._grouped(idx, read_each)
         except Exception:  # _where itself failed for some index: item by item
-            return each(self._get, idx)
+            return each(self._get, idx, out)
+        return into(out, items)
 
     def _set(self, i: int, value: Any) -> None:
         k, j = self._where(i)
@@ -353,14 +326,26 @@ class Gather(View):
         self._trust = checks_keys(src)
         self.checks_keys = checks_keys(indexes)
         self.finite = is_finite(indexes)
+        # lengths through _len for views: len() overflows past sys.maxsize (gather(v, arange(10**30)))
+        self._n, self._srclen = sizer(indexes) if self.finite else None, sizer(src) if self._srcfinite else None
 
     def _len(self) -> int:
-        return len(self.indexes)
+        return self._n()
+
+    def _slice(self, r: range) -> View:
+        # A gather of the sliced indexes, so that `.indexes` is `indexes[key]` (as in seqtools):
+        # lists and tuples are copied (the items a reader will read anyway), arrays and ranges
+        # sliced for free, other sequences sliced lazily.
+        ind = self.indexes
+        if isinstance(ind, (list, tuple, range, np.ndarray)):
+            # r is non-empty from 0 up (an empty one may start at -1), it may stop at -1 going down
+            return Gather(self.src, ind[slice(r.start, r.stop if r.stop >= 0 else None, r.step) if r else slice(0)])
+        return Gather(self.src, ind._slice(r) if isinstance(ind, View) else Slice(ind, r))
 
     def _index(self, j: Any) -> int:
         if type(j) is not int:
             j = operator.index(j)
-        n = len(self.src) if self._srcfinite else None
+        n = self._srclen() if self._srcfinite else None
         if j < 0 and n is not None:
             j += n
         if j < 0 or (n is not None and j >= n):
@@ -398,19 +383,19 @@ class Gather(View):
                 self._index(j)
             raise
 
-    def _get_each(self, idx: Sequence[int]) -> list:
+    def _get_each(self, idx: Sequence[int], out: list | None = None) -> list:
         raw = self._indices(idx, read_each)  # an index view's failing items fail ours
-        out: list = [None] * len(idx)
+        items: list = [None] * len(idx)
         at, js = [], []  # where the readable items go, and their source indices
         for k, j in enumerate(raw):
             if type(j) is Failed:
-                out[k] = j
+                items[k] = j
                 continue
             if not self._trust:
                 try:
                     j = self._index(j)
                 except Exception as e:
-                    out[k] = Failed(e)
+                    items[k] = Failed(e)
                     continue
             at.append(k)
             js.append(j)
@@ -421,8 +406,8 @@ class Gather(View):
                     self._index(j)
                 except IndexError as e:
                     x = Failed(e)
-            out[k] = x
-        return out
+            items[k] = x
+        return into(out, items)
 
     def _set(self, i: int, value: Any) -> None:
         self.src[self._index(self._ird(i))] = value

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["Node", "Exhausted", "Failed", "each", "check_source", "reader", "bulk_reader", "sizer", "read_many",
-           "read_each", "length", "checks_keys", "is_finite", "describe_source"]
+           "read_each", "into", "length", "checks_keys", "is_finite", "describe_source"]
 
 
 class Exhausted(IndexError):
@@ -36,10 +36,12 @@ class Failed:
         self.error = error
 
 
-def each(get: Callable[[int], Any], idx: Sequence[int]) -> list:
+def each(get: Callable[[int], Any], idx: Sequence[int], out: list | None = None) -> list:
     """``[get(i) for i in idx]`` with ``Failed(error)`` for the items that raise (an ``Exhausted``
-    too: the indices may come in any order, so the items after one may still be there)."""
-    out: list = []
+    too: the indices may come in any order, so the items after one may still be there), appended
+    to ``out`` (a new list by default) as they are read."""
+    if out is None:
+        out = []
     add = out.append
     for i in idx:
         try:
@@ -78,18 +80,28 @@ class Node(Sequence):
         get = self._get
         return [get(i) for i in idx]
 
-    def _get_each(self, idx: Sequence[int]) -> list:
+    def _get_each(self, idx: Sequence[int], out: list | None = None) -> list:
         """``_get_many`` that goes past failures: an item whose read raises is ``Failed(error)``.
+
+        The items are appended to ``out`` (a new list by default), which is returned. A view that
+        can appends each item as soon as it is done, in order: a prefetch worker sends what is in
+        ``out`` while a slow item holds up the rest. Whatever is in ``out`` is a finished item,
+        even if the call is cut short by a ``BaseException``.
 
         Views that map indices or apply a function override it so that every item is read once;
         here, a view with a bulk read of its own tries it and, if it raises, reads item by item.
         """
         if type(self)._get_many is not Node._get_many:
             try:
-                return self._get_many(idx)
+                items = self._get_many(idx)
             except Exception:
                 pass
-        return each(self._get, idx)
+            else:
+                if out is None:
+                    return items
+                out.extend(items)
+                return out
+        return each(self._get, idx, out)
 
     def _set(self, i: int, value: Any) -> None:
         raise TypeError(
@@ -227,11 +239,21 @@ class _ManyReader:
         return (_ManyReader, (self.get,))
 
 
-def read_each(src: Any, idx: Sequence[int]) -> list:
-    """:func:`read_many` going past failures: ``Failed(error)`` for each item that raises."""
+def into(out: list | None, items: list) -> list:
+    """``items`` appended to ``out``: what a ``_get_each`` that computes its items all at once
+    returns (``items`` itself when no ``out`` was given)."""
+    if out is None:
+        return items
+    out.extend(items)
+    return out
+
+
+def read_each(src: Any, idx: Sequence[int], out: list | None = None) -> list:
+    """:func:`read_many` going past failures: ``Failed(error)`` for each item that raises,
+    appended to ``out`` as they are read (see ``Node._get_each``)."""
     if is_node(src):
-        return src._get_each(idx)
-    return each(src.__getitem__ if hasattr(src, "__len__") else _UnsizedReader(src), idx)
+        return src._get_each(idx) if out is None else src._get_each(idx, out)
+    return each(src.__getitem__ if hasattr(src, "__len__") else _UnsizedReader(src), idx, out)
 
 
 def length(src: Any) -> int | None:

@@ -7,6 +7,7 @@ from typing import ClassVar
 import pytest
 
 import lazyseq
+from lazyseq.errors import PrefetchTimeout
 from lazyseq.evaluation import window as window_module
 from lazyseq.evaluation import wire
 from lazyseq.evaluation.backend import Result
@@ -65,6 +66,9 @@ class FakeBackend:
 
     def behind(self, job_id):
         return False
+
+    def where(self, job_id):
+        return None
 
     def chunk_cap(self, item_bytes):
         return self.cap
@@ -207,3 +211,72 @@ def test_a_source_of_unknown_size_ends_where_the_workers_find_its_end():
         got.append(value)
     assert got == list(range(25))
     assert w.end == 25
+
+
+class StuckBackend(FakeBackend):
+    """A worker gets stuck inside item ``stuck``: the job holding it answers the items before it
+    in a part, then nothing; ``where`` says the worker is in that item (and, for the jobs queued
+    behind it on that worker, in an earlier job) since it got there."""
+
+    def __init__(self, seq, stuck, **kwargs):
+        super().__init__(seq, **kwargs)
+        self.stuck, self.stuck_job, self.since, self.parted = stuck, None, None, False
+        self.queued_behind = set()  # jobs sent to the stuck worker before it was given up
+
+    def submit(self, job_id, r, wanted):
+        ok = super().submit(job_id, r, wanted)
+        if ok and self.stuck in r and self.stuck_job is None:
+            self.stuck_job = job_id
+        elif ok and self.stuck_job is not None and job_id % 2 == self.stuck_job % 2 \
+                and not any(self.stuck_job in c for c in self.cancelled):  # a given-up worker gets no more jobs
+            self.queued_behind.add(job_id)
+        return ok
+
+    def poll(self, timeout):
+        out = []
+        time.sleep(min(timeout, 0.001))
+        for job_id, r in list(self.pending.items()):
+            if job_id == self.stuck_job:
+                if not self.parted:
+                    self.parted, self.since = True, time.monotonic()
+                    before = r[: r.index(self.stuck)]
+                    out.append(Result(job_id, wire.evaluate(self.seq, before, portable=False), final=False))
+                continue
+            if job_id in self.queued_behind:
+                continue  # queued behind the stuck job on the same worker
+            del self.pending[job_id]
+            out.append(Result(job_id, wire.evaluate(self.seq, r, portable=False), self.item_seconds * len(r)))
+        return out
+
+    def cancel(self, job_ids):
+        self.cancelled.append(set(job_ids))
+        gone = {j for j in job_ids if j != self.stuck_job and j in self.pending}
+        for j in gone:
+            del self.pending[j]
+        return gone
+
+    def where(self, job_id):
+        if self.since is None or job_id not in self.pending:
+            return None
+        if job_id == self.stuck_job:
+            return self.stuck, self.since
+        if job_id in self.queued_behind:
+            return None, self.since
+        return None
+
+
+def test_a_stuck_item_holds_up_only_itself_and_is_never_given_to_a_second_worker():
+    seq = lazyseq.smap(lambda x: x, range(3000))
+    b = StuckBackend(seq, stuck=700)
+    w, _ = make(seq, b, timeout=0.5)
+    for i in range(3000):
+        if i == 700:
+            with pytest.raises(PrefetchTimeout, match="item 700"):
+                w.read(i)
+        else:
+            assert w.read(i) == i
+    with pytest.raises(PrefetchTimeout, match="item 700"):
+        w.read(700)  # again: still not duplicated
+    assert sum(700 in r for _, r, _ in b.submitted) == 1
+    assert w.stats["moved"] >= 1  # what waited behind it went elsewhere
+    assert sorted(set(indices(b))) == list(range(3000))

@@ -1,7 +1,8 @@
 """The backend protocol: what the prefetch window asks of whatever evaluates its chunk jobs.
 
 A job is a range of indices of the pipeline; a backend evaluates it somewhere (threads of this
-process, worker processes, actors on other machines) and answers with one :class:`Result`. The
+process, worker processes, actors on other machines) and answers with one final
+:class:`Result`, after parts of it if it runs long (so that a stuck item holds up only itself). The
 window decides which jobs to run and when; how results travel (shared-memory slots, pipes, an
 object store) is the backend's business alone. Backends: ``threads.ThreadBackend``,
 ``processes.ProcessBackend``.
@@ -9,11 +10,16 @@ object store) is the backend's business alone. Backends: ``threads.ThreadBackend
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-__all__ = ["Backend", "Result", "Settings"]
+__all__ = ["Backend", "Result", "Running", "Settings", "STREAM"]
+
+# A job running this long is answered in parts: the items done so far, then again every STREAM
+# seconds. Far above what a chunk is sized to take (a few ms), so a healthy job never pays for it.
+STREAM = 0.05
 
 
 @dataclass(frozen=True)
@@ -28,15 +34,19 @@ class Settings:
 
 
 class Result(NamedTuple):
-    """A job's answer. ``items`` is one entry per index of the job, an item or a ``wire.ItemError``
-    (the item's exception); ``None`` when the job was cancelled before it ran. ``nbytes``: the
-    bytes the items take in the backend's transport, which the window keeps within a cache-sized
-    budget ahead of the reader (0 where the backend does not count them)."""
+    """A job's answer, or part of it. ``items`` is one entry per index of the job from ``first``
+    on, an item, a ``wire.ItemError`` (the item's exception) or ``wire.RESEND`` (it arrived but
+    must be asked for again, alone); ``None`` when the job was cancelled before it ran. A part
+    (``final=False``) carries the items a job finished while a slow item holds it up; the final
+    answer carries the rest. ``nbytes``: the bytes the items take in the backend's transport, which
+    the window keeps within a cache-sized budget ahead of the reader (0 where not counted)."""
 
     job_id: int
     items: list | None
     seconds: float = 0.0  # the time the worker spent on the job
     nbytes: int = 0
+    first: int = 0
+    final: bool = True
 
 
 class Backend(Protocol):
@@ -77,6 +87,13 @@ class Backend(Protocol):
     def behind(self, job_id: int) -> bool:
         """Whether the job waits behind a given-up job on its worker (which may be stuck)."""
 
+    def where(self, job_id: int) -> tuple[int | None, float] | None:
+        """Where the job's worker is: the index of the item of this job it computes now (None:
+        it is still in an earlier job), and since when it has made no progress (a monotonic
+        time); None when there is no telling (not sent to a worker yet, or one still starting).
+        The window never gives the item a worker is in to a second one (a stuck item holds one
+        worker), and moves a job held up for long to another."""
+
     def chunk_cap(self, item_bytes: float) -> int | None:
         """At most how many items of this size one job may hold (None: no limit)."""
 
@@ -85,3 +102,14 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Stop the workers and release what they hold; idempotent; bounded in time."""
+
+
+class Running:
+    """A job a worker is inside, for a backend that answers long jobs in parts: the items done so
+    far (``items`` grows as they are done), how many were sent, and since when none were."""
+
+    __slots__ = ("job_id", "indices", "items", "sent", "since")
+
+    def __init__(self, job_id: int, indices: range):
+        self.job_id, self.indices, self.items, self.sent = job_id, indices, [], 0
+        self.since = time.monotonic()

@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 from multiprocessing import connection
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import cloudpickle
 
@@ -84,10 +84,14 @@ def _describe_exit(code: int | None) -> str:
 
 
 
-class _Job(NamedTuple):
-    worker: int
-    slot: int | None  # None: its results travel through the pipe
-    indices: range
+class _Job:
+    """A job sent to a worker and not answered yet."""
+
+    __slots__ = ("worker", "slot", "indices", "done")
+
+    def __init__(self, worker: int, slot: int | None, indices: range):
+        self.worker, self.slot, self.indices = worker, slot, indices  # slot None: results take the pipe
+        self.done = 0  # items already sent in PARTIAL messages
 
 
 class ProcessBackend:
@@ -102,6 +106,7 @@ class ProcessBackend:
         self.conns: list[connection.Connection] = []
         self.load: list[int] = []  # jobs outstanding per worker
         self.ready: list[bool] = []  # per worker: said it started
+        self.heard: list[float] = []  # per worker: when its last message came (its last progress)
         self.slot_worker: dict[int, int] = {}  # the worker that wrote each slot last (has it mapped)
         self.outstanding: dict[int, _Job] = {}  # unanswered jobs
         self.abandoned: set[int] = set()  # unanswered jobs the reader gave up (a worker may be inside one)
@@ -141,6 +146,7 @@ class ProcessBackend:
                 self.procs.append(p)
                 self.load.append(0)
                 self.ready.append(False)
+                self.heard.append(time.monotonic())
         close_parent_fd(pool)  # every worker holds its own descriptor or mapping now
 
     @property
@@ -240,12 +246,20 @@ class ProcessBackend:
             pass
 
     def _message(self, k: int, msg: bytes, out: list[Result]) -> None:
-        job_id, kind, table, needed, seconds, payload = wire.decode_head(msg)
+        job_id, kind, table, needed, seconds, first, payload = wire.decode(msg)
+        self.heard[k] = time.monotonic()
         if kind == wire.START_FAILED:
             err = cloudpickle.loads(payload).rebuild()
             raise WorkerStartError(f"prefetch worker {k} failed to start: {type(err).__name__}: {err}") from err
         if kind == wire.READY:
             self.ready[k] = True
+            return
+        if kind == wire.PARTIAL:  # a slow item holds the job up: the items done so far
+            job = self.outstanding[job_id]
+            items = self._load(None, job.indices[first:], (), payload)
+            job.done = first + len(items)
+            self.stats["bytes_pipe"] += len(payload)
+            out.append(Result(job_id, items, first=first, final=False))
             return
         self.load[k] -= 1
         self.abandoned.discard(job_id)
@@ -255,7 +269,7 @@ class ProcessBackend:
                 self.pool.release(job.slot)
             out.append(Result(job_id, None))
             return
-        items = self._load(job, table, payload)
+        items = self._load(job.slot, job.indices[first:], table, payload)
         nbytes = sum(n for _, n in table)
         self.stats["bytes_shm"] += nbytes
         self.stats["bytes_pipe"] += len(payload)
@@ -265,23 +279,25 @@ class ProcessBackend:
             self._warn("size", f"prefetch: a chunk of {len(job.indices)} item(s) needed {needed} bytes but a slot "
                        f"holds {self.pool.slot_size} (shm_size={s.shm_size} / max_buffered={s.max_buffered}); "
                        f"what did not fit went through the pipe. shm_size >= {needed * s.max_buffered} would fit")
-        out.append(Result(job_id, items, seconds, needed if self.pool.nslots else 0))
+        out.append(Result(job_id, items, seconds, needed if self.pool.nslots else 0, first))
 
-    def _load(self, job: _Job, table: list[tuple[int, int]], payload: memoryview) -> list:
-        """A chunk's items; arrays are views of the job's slot that keep it reserved."""
+    def _load(self, slot: int | None, r: range, table: Any, payload: memoryview) -> list:
+        """The items ``r`` of a message; arrays are views of the job's slot that keep it reserved.
+        Items that do not unpickle here (they pickled in the worker) come back as ``RESEND``, to
+        be asked for one by one, so that only the culprit fails; alone, it fails."""
         try:
             if table:
-                anchor = self.pool.anchor(job.slot)
+                anchor = self.pool.anchor(slot)
                 return pickle.loads(payload, buffers=[anchor[o : o + n] for o, n in table])
-            if job.slot is not None:
-                self.pool.release(job.slot)
+            if slot is not None:
+                self.pool.release(slot)
             return pickle.loads(payload)
-        except Exception as e:  # pickled in the worker, but does not unpickle here
-            r = job.indices
-            err = TypeError(f"the results of items {r[0]}..{r[-1]} could not be unpickled in the reader: "
-                            f"{type(e).__name__}: {e}")
+        except Exception as e:
+            if len(r) > 1:
+                return [wire.RESEND] * len(r)
+            err = TypeError(f"the result of item {r[0]} could not be unpickled in the reader: {type(e).__name__}: {e}")
             err.__cause__ = e
-            return [wire.ItemError(j, err, portable=False) for j in r]
+            return [wire.ItemError(r[0], err, portable=False)]
 
     # -- the workers' state ----------------------------------------------------------------------
     def check(self) -> None:
@@ -305,6 +321,17 @@ class ProcessBackend:
     def started(self, job_id: int) -> bool:
         job = self.outstanding.get(job_id)
         return job is not None and self.ready[job.worker]
+
+    def where(self, job_id: int) -> tuple[int | None, float] | None:
+        """A worker runs its jobs in order and a job's items in order, and sends the items of a
+        long job as they are done: the first unanswered item of its first job is where it is."""
+        job = self.outstanding.get(job_id)
+        if job is None or not self.ready[job.worker]:
+            return None
+        k = job.worker
+        if job.done >= len(job.indices) or any(j < job_id and o.worker == k for j, o in self.outstanding.items()):
+            return None, self.heard[k]  # it waits behind another job of its worker
+        return job.indices[job.done], self.heard[k]
 
     def behind(self, job_id: int) -> bool:
         """Whether the job waits on a worker that has an abandoned job before it (which may be slow

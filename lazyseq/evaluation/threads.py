@@ -1,4 +1,7 @@
-"""The thread backend: worker threads of the reader's process take chunk jobs from one queue."""
+"""The thread backend: worker threads of the reader's process take chunk jobs from one queue.
+
+A job that runs long is answered in parts: the reader takes the items a thread has done so far
+(every ``worker.STREAM`` seconds), so a slow or stuck item holds up only itself."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from typing import Any, ClassVar
 
 from ..errors import PrefetchClosed, WorkerStartError
 from . import wire
-from .backend import Result, Settings
+from .backend import STREAM, Result, Running, Settings
 
 __all__ = ["ThreadBackend"]
 
@@ -24,6 +27,7 @@ class ThreadBackend:
         self.cond = threading.Condition()
         self.jobs: deque[tuple[int, range]] = deque()  # waiting for a thread
         self.done: list[Result] = []  # answered, not yet polled
+        self.running: dict[int, Running] = {}  # jobs a thread is inside
         self.stopping = False
         self.start_error: tuple[int, BaseException] | None = None  # (thread, what its start_hook raised)
         self.threads = [threading.Thread(target=self._work, args=(k,), name=f"lazyseq-prefetch-{k}", daemon=True)
@@ -51,10 +55,13 @@ class ThreadBackend:
                 if self.stopping:
                     return
                 job_id, r = self.jobs.popleft()
+                run = self.running[job_id] = Running(job_id, r)
             t = time.perf_counter()
-            items = wire.evaluate(self.seq, r, portable=False)  # BaseExceptions (SystemExit...) become item errors
+            wire.compute(self.seq, r, run.items)  # BaseExceptions (SystemExit...) become item errors
             with self.cond:
-                self.done.append(Result(job_id, items, time.perf_counter() - t))
+                del self.running[job_id]
+                items = wire.finish(self.seq, r[run.sent :], run.items[run.sent :], portable=False)
+                self.done.append(Result(job_id, items, time.perf_counter() - t, first=run.sent))
                 self.cond.notify_all()
 
     def submit(self, job_id: int, r: range, wanted: bool) -> bool:
@@ -76,10 +83,20 @@ class ThreadBackend:
     def poll(self, timeout: float) -> list[Result]:
         with self.cond:
             if not self.done and self.start_error is None and not self.stopping:
+                if self.running:  # wake up in time to take what a long job has done
+                    since = min(run.since for run in self.running.values())
+                    timeout = min(timeout, max(0.0, since + STREAM - time.monotonic()))
                 self.cond.wait(timeout)
             if self.stopping:  # closed from another thread while we waited
                 raise PrefetchClosed("prefetch: the worker threads were stopped")
             out, self.done = self.done, []
+            now = time.monotonic()
+            for run in self.running.values():
+                if now - run.since >= STREAM and len(run.items) > run.sent:
+                    done, first = len(run.items), run.sent
+                    items = wire.finish(self.seq, run.indices[first:done], run.items[first:done], portable=False)
+                    out.append(Result(run.job_id, items, first=first, final=False))
+                    run.sent, run.since = done, now
         return out
 
     def check(self) -> None:
@@ -97,6 +114,13 @@ class ThreadBackend:
 
     def behind(self, job_id: int) -> bool:  # one queue for all threads: no job waits behind a stuck one
         return False
+
+    def where(self, job_id: int) -> tuple[int | None, float] | None:
+        run = self.running.get(job_id)  # a job in the queue waits for any thread: no telling
+        if run is None:
+            return None
+        done = len(run.items)
+        return (run.indices[done] if done < len(run.indices) else None), run.since
 
     def chunk_cap(self, item_bytes: float) -> int | None:
         return None

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from ..errors import PrefetchTimeout
 from ..node import Exhausted, length
 from . import wire
-from .backend import Backend, Result
+from .backend import STREAM, Backend, Result
 
 __all__ = ["Window"]
 
@@ -50,7 +50,8 @@ BUDGET = _cache_budget()
 class Window:
     """The jobs in flight and the results ready for one reader of ``seq`` through ``backend``."""
 
-    COUNTERS: ClassVar[dict[str, float]] = dict(items=0, jobs=0, chunk=1, waits=0, wait_seconds=0.0, jumps=0)
+    COUNTERS: ClassVar[dict[str, float]] = dict(items=0, jobs=0, chunk=1, waits=0, wait_seconds=0.0, jumps=0,
+                                                moved=0)
 
     def __init__(self, seq: Any, backend: Backend, nworkers: int, max_buffered: int, timeout: float | None,
                  stats: dict, describe: str):
@@ -58,6 +59,7 @@ class Window:
         self.timeout, self.stats, self.describe = timeout, stats, describe
         self.finite = not isinstance(length(seq), type(None))
         self.jobs: dict[int, tuple[range, int]] = {}  # job id -> (indices, generation)
+        self.done: dict[int, int] = {}  # job id -> items it has answered in parts (a slow item holds the rest)
         self.sent: dict[int, float] = {}  # job id -> when it was sent
         self.cancelled: set[int] = set()  # jobs given up, not yet answered by their worker
         self.ready: dict[int, Any] = {}  # index -> item (or wire.ItemError)
@@ -92,6 +94,7 @@ class Window:
         """Forget every job and result (the backend is closed)."""
         self.ready.clear()
         self.jobs.clear()
+        self.done.clear()
         self.cancelled.clear()
         self.sent.clear()
 
@@ -133,8 +136,11 @@ class Window:
         kept = [range(j, j + s, s) for j in self.ready]
         stale = set()
         for job_id, (r, _gen) in self.jobs.items():
-            if job_id in self.cancelled:
-                continue  # its worker will skip it
+            if job_id in self.cancelled:  # its worker skips it, unless inside an item of it
+                at = self.backend.where(job_id)
+                if at is not None and at[0] is not None and inside(at[0]):
+                    kept.append(range(at[0], at[0] + s, s))  # (maybe stuck: no second worker for it)
+                continue
             aligned = len(r) and r.step == s and (r[0] - i) % s == 0
             if aligned and (r[-1] >= i and r[0] < end if s > 0 else r[-1] <= i and r[0] > end):
                 kept.append(r)
@@ -164,6 +170,7 @@ class Window:
             for job_id in self.backend.cancel(job_ids):  # those that will never answer
                 del self.jobs[job_id]
                 self.sent.pop(job_id, None)
+                self.done.pop(job_id, None)
             self.cancelled |= job_ids & self.jobs.keys()
 
     # -- scheduling ------------------------------------------------------------------------------
@@ -244,7 +251,12 @@ class Window:
     def _unblock(self, i: int, t0: float, patience: float | None) -> tuple[float, float | None]:
         """Make sure item ``i`` is on its way; returns how long to wait for answers, and until when
         the item waits for given-up jobs to make room."""
-        jobs = [j for j, (r, _) in self.jobs.items() if i in r]
+        jobs = [j for j, (r, _) in self.jobs.items() if i in r[self.done.get(j, 0) :]]
+        if jobs:
+            wait = self._held_up(i, jobs, t0)
+            if wait is not None:
+                return wait, patience
+            jobs = [j for j in jobs if j in self.jobs and self.backend.where(j) is None]
         if jobs:
             late = self._late_after(jobs, t0)
             if late is None or late > time.monotonic():
@@ -259,6 +271,34 @@ class Window:
                 return patience - now, patience
         self._schedule_item(i)
         return _POLL, patience
+
+    def _held_up(self, i: int, jobs: list[int], t0: float) -> float | None:
+        """For the jobs holding item ``i`` whose worker says where it is: wait while it is inside
+        ``i`` (a second worker could only get stuck with it if it never ends: it arrives, or the
+        reader's timeout names it) or progresses; a job whose worker has been inside another
+        item (or job) for long goes to another worker from ``i`` on. Returns how long to wait
+        (None: no job can tell)."""
+        now, wait = time.monotonic(), None
+        limit = max(2 * STREAM, _LATE * self.item_seconds)
+        for j in jobs:
+            at = self.backend.where(j)
+            if at is None:
+                continue
+            x, since = at
+            if x == i:
+                return _POLL
+            if j in self.cancelled:
+                continue  # given up (or moved) already: what it answers is kept where wanted
+            stalled = max(since, t0) + limit
+            if stalled > now:
+                wait = min(wait if wait is not None else _POLL, stalled - now)
+                continue
+            r = self.jobs[j][0]
+            self._cancel({j})  # what it still answers is kept where wanted; its worker gets no more jobs
+            if j in self.jobs and self._submit(r[r.index(i) :], True):
+                self.stats["moved"] += 1
+            wait = _POLL
+        return wait
 
     def _late_after(self, jobs: list[int], t0: float) -> float | None:
         """When the jobs that hold the wanted item count as held up (by a slow or stuck item of
@@ -277,23 +317,39 @@ class Window:
     # -- results ---------------------------------------------------------------------------------
     def collect(self, done: list[Result]) -> None:
         for res in done:
-            job = self.jobs.pop(res.job_id, None)
             late = res.job_id in self.cancelled  # given up (maybe after it started): keep what is still wanted
-            self.cancelled.discard(res.job_id)
-            self.sent.pop(res.job_id, None)
+            if res.final:
+                job = self.jobs.pop(res.job_id, None)
+                self.cancelled.discard(res.job_id)
+                self.sent.pop(res.job_id, None)
+                self.done.pop(res.job_id, None)
+            else:
+                job = self.jobs.get(res.job_id)
             if job is None or res.items is None:
                 continue
             r, gen = job
             items = res.items
-            self._adapt(len(r), res.seconds, res.nbytes)
-            self.stats["items"] += len(r)
-            last = items[-1] if items else None
-            if not self.finite and type(last) is wire.ItemError and isinstance(last.error, Exhausted):
-                self.end = min(last.index, self.end if self.end is not None else last.index)
-            if gen == self.gen and not late:
-                self.ready.update(zip(r, items))
+            part = r[res.first : res.first + len(items)]
+            if res.final:
+                self._adapt(len(r), res.seconds, res.nbytes)
             else:
-                self.ready.update((j, x) for j, x in zip(r, items) if self._wanted(j))
+                self.done[res.job_id] = res.first + len(items)
+            self.stats["items"] += len(part)
+            if not self.finite:
+                self._find_end(items)
+            if items and items[0] is wire.RESEND:  # to be asked for again, one by one
+                continue
+            if gen == self.gen and not late:
+                self.ready.update(zip(part, items))
+            else:
+                self.ready.update((j, x) for j, x in zip(part, items) if self._wanted(j))
+
+    def _find_end(self, items: list) -> None:
+        """Note where a source of unknown size ends, from the first item past it."""
+        for x in items:
+            if type(x) is wire.ItemError and isinstance(x.error, Exhausted):
+                self.end = x.index if self.end is None else min(x.index, self.end)
+                return
 
     def _adapt(self, count: int, seconds: float, nbytes: int) -> None:
         """Grow chunks as jobs complete, within the time budget and what the backend can carry."""

@@ -7,21 +7,33 @@ import io
 import pickle
 import struct
 import traceback
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .. import tree
-from ..errors import raised
+from ..errors import EvaluationError, raised
 from ..helpers import ALIGN, PAGE
 from ..jobslot import JobSlot
-from ..node import Exhausted, Failed, is_node, read_many, reader
+from ..node import Exhausted, Failed, is_node, read_each, reader
 
 JOB = struct.Struct("<qqqqq")  # job id, first index, step, count, slot (-1: no slot)
-HEAD = struct.Struct("<qiiqd")  # job id, kind, number of slot buffers, bytes needed, seconds spent
+# job id, kind, number of slot buffers, bytes needed, seconds spent, where in the job the items start
+HEAD = struct.Struct("<qiiqdq")
 BUF = struct.Struct("<qq")  # offset in the slot, length
 
-RESULT, READY, START_FAILED, CANCELLED = 0, 1, 2, 3
+# RESULT: a job's (last) items; PARTIAL: the items a job has finished while a slow one holds it up.
+RESULT, READY, START_FAILED, CANCELLED, PARTIAL = 0, 1, 2, 3, 4
+
+
+class Resend:
+    """An item that arrived but could not be unpickled with its chunk-mates: the window asks for
+    it again in a job of its own, so that only an item that fails alone fails."""
+
+    __slots__ = ()
+
+
+RESEND = Resend()
 
 
 class RemoteTraceback(Exception):
@@ -66,57 +78,58 @@ def _item_error(index: int, error: BaseException, cause: BaseException | None, t
 
 
 def picklable(exc: BaseException) -> BaseException:
-    """``exc`` if it survives pickling, else a RuntimeError that says what it was."""
+    """``exc`` if it survives pickling, else an ``EvaluationError`` that says what it was (what
+    seqtools raises, so that ``seterr('passthrough')`` still raises an evaluation error)."""
     try:
         pickle.loads(pickle.dumps(exc))
         return exc
     except Exception as why:
-        return RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc} "
-                            f"(the original exception could not be pickled: {why})")
+        item, view = (exc.item, exc.view) if isinstance(exc, EvaluationError) else (None, None)
+        return EvaluationError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc} "
+                               f"(the original exception could not be pickled: {why})", item, view)
 
 
 def evaluate(seq: Any, idx: range, portable: bool = True) -> list:
     """The items ``idx`` of ``seq`` in one bulk read that goes past failing items (``_get_each``):
     a failing item becomes an ``ItemError`` naming it, the others arrive, each computed once (in
-    views that can tell the failing items apart: see ``View._get_each``). If the bulk read itself
-    breaks (a ``BaseException`` such as ``SystemExit``), item by item."""
+    views that can tell the failing items apart: see ``View._get_each``)."""
+    return finish(seq, idx, compute(seq, idx, []), portable)
+
+
+def compute(seq: Any, idx: range, out: list) -> list:
+    """The raw items of :func:`evaluate` (``Failed(error)`` for a failing one), appended to ``out``
+    as they are done, for a worker to send while a slow item holds up the rest. If the bulk read
+    breaks (a ``BaseException`` such as ``SystemExit``), item by item from where it broke."""
+    try:
+        read_each(seq, idx, out)
+    except BaseException:
+        pass
+    get = seq.__getitem__ if is_node(seq) else reader(seq)  # the view's checks and error wrapping
+    for i in idx[len(out):]:
+        try:
+            out.append(get(i))
+        except BaseException as e:
+            out.append(Failed(e))
+    return out
+
+
+def finish(seq: Any, idx: range, items: list, portable: bool) -> list:
+    """``items`` (raw items of indices ``idx``) with each ``Failed`` made an ``ItemError`` that
+    names its index and view (a new list; ``items`` may still grow in another thread)."""
     # Past the end of a source of unknown size (read with a step > 0), every later item of the
     # chunk is past it too: they all get the error of the first such index.
     unsized = not seq.finite if is_node(seq) else not hasattr(seq, "__len__")
-    if is_node(seq):
-        try:
-            items = seq._get_each(idx)
-        except BaseException:
-            items = None
-        if items is not None:
-            end = None
-            for k, x in enumerate(items):
-                if end is not None:
-                    items[k] = end
-                elif type(x) is Failed:
-                    i, err = idx[k], x.error
-                    items[k] = ItemError(i, raised(err, i, seq), portable)
-                    if unsized and isinstance(err, Exhausted):
-                        end = items[k]
-            return items
-    else:
-        try:
-            return read_many(seq, idx)
-        except BaseException:
-            pass
-    out: list = []
-    get = seq.__getitem__ if is_node(seq) else reader(seq)  # the view's checks and error wrapping
-    for k, i in enumerate(idx):
-        try:
-            out.append(get(i))
-        except Exhausted as e:
-            if not unsized:  # a finite view over a source of unknown size: this item only
-                out.append(ItemError(i, e, portable))
-                continue
-            end = ItemError(i, e, portable)
-            return out + [end] * (len(idx) - k)
-        except BaseException as e:
-            out.append(ItemError(i, e, portable))
+    out, end = list(items), None
+    for k, x in enumerate(out):
+        if end is not None:
+            out[k] = end
+        elif type(x) is Failed:
+            i, err = idx[k], x.error
+            if isinstance(err, Exception) and is_node(seq):
+                err = raised(err, i, seq)
+            out[k] = ItemError(i, err, portable)
+            if unsized and isinstance(err, Exhausted):
+                end = out[k]
     return out
 
 
@@ -203,12 +216,23 @@ def _pickle_error(x: Any) -> BaseException | None:
 
 
 def encode(job_id: int, kind: int, payload: bytes, table: list[tuple[int, int]] = (), needed: int = 0,
-           seconds: float = 0.0) -> bytes:
-    return b"".join([HEAD.pack(job_id, kind, len(table), needed, seconds), *(BUF.pack(o, n) for o, n in table), payload])
+           seconds: float = 0.0, first: int = 0) -> bytes:
+    head = HEAD.pack(job_id, kind, len(table), needed, seconds, first)
+    return b"".join([head, *(BUF.pack(o, n) for o, n in table), payload])
 
 
-def decode_head(msg: bytes) -> tuple[int, int, list[tuple[int, int]], int, float, memoryview]:
-    job_id, kind, nbuf, needed, seconds = HEAD.unpack_from(msg)
+class Message(NamedTuple):
+    job_id: int
+    kind: int
+    table: list[tuple[int, int]]
+    needed: int
+    seconds: float
+    first: int
+    payload: memoryview
+
+
+def decode(msg: bytes) -> Message:
+    job_id, kind, nbuf, needed, seconds, first = HEAD.unpack_from(msg)
     at = HEAD.size
     table = [BUF.unpack_from(msg, at + k * BUF.size) for k in range(nbuf)]
-    return job_id, kind, table, needed, seconds, memoryview(msg)[at + nbuf * BUF.size :]
+    return Message(job_id, kind, table, needed, seconds, first, memoryview(msg)[at + nbuf * BUF.size :])

@@ -1,8 +1,10 @@
 """A process worker's life: rebuild the pipeline, run ``start_hook``, answer job records.
 
 Runs in the child. Every record names a range of indices and a shared-memory slot; the answer is
-one message per job (``wire``). The worker ends when the reader closes its pipe, or, if it is
-inside a long item then, when a watch thread sees the reader's process gone.
+one message per job (``wire``), preceded by PARTIAL messages when the job runs long: a watch
+thread sends the items already done, so a slow or stuck item holds up only itself. The same
+thread ends the worker once the reader's process is gone (the pipe's end-of-file only reaches a
+worker that is not inside an item).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import cloudpickle
 from .. import jobslot
 from ..jobslot import JobSlot
 from . import slots, wire
+from .backend import STREAM, Running
 from .slots import SlotPool
 
 __all__ = ["FdForChild", "worker_main"]
@@ -75,13 +78,67 @@ def worker_main(index: int, conn: connection.Connection, seq: Any, start_hook: A
         conn.send_bytes(wire.encode(-1, wire.READY, struct.pack("<q", os.getpid())))
     except OSError:  # the reader closed us already
         return
+    outbox = _Outbox(conn, seq)
     # The reader, or the forkserver that forked us (which exits with the reader).
-    threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), name="lazyseq-orphan-watch",
-                     daemon=True).start()
-    _serve(conn, seq, memory, slot_size)
+    threading.Thread(target=outbox.watch, args=(os.getppid(),), name="lazyseq-worker-watch", daemon=True).start()
+    _serve(conn, outbox, seq, memory, slot_size)
 
 
-def _serve(conn: connection.Connection, seq: Any, memory: Any, slot_size: int) -> None:
+_ORPHAN_CHECK = 0.5  # seconds between looks at the reader's process
+
+
+class _Outbox:
+    """The worker's pipe, shared by the evaluating thread and the watch thread (one lock, so
+    messages never interleave, and the parts of a job arrive in order before its result)."""
+
+    def __init__(self, conn: connection.Connection, seq: Any):
+        self.conn, self.seq, self.lock = conn, seq, threading.Lock()
+        self.running: Running | None = None
+
+    def send(self, msg: bytes) -> bool:
+        with self.lock:
+            try:
+                self.conn.send_bytes(msg)
+                return True
+            except OSError:
+                return False
+
+    def finish(self, run: Running) -> tuple[list, int]:
+        """The job is done: no part of it is sent any more. Returns its unsent items, and where they start."""
+        with self.lock:
+            self.running = None
+            return run.items[run.sent :], run.sent
+
+    def watch(self, ppid: int) -> None:
+        """Send the done items of a long job; exit once the reader's process is gone."""
+        last_check = time.monotonic()
+        while True:
+            time.sleep(STREAM / 2)
+            now = time.monotonic()
+            if now - last_check >= _ORPHAN_CHECK:
+                last_check = now
+                if os.getppid() != ppid:
+                    os._exit(0)  # no clean-up: the item's code may hold locks; the reader is gone anyway
+            run = self.running
+            if run is not None and now - run.since >= STREAM and len(run.items) > run.sent:
+                self._send_part(run)
+
+    def _send_part(self, run: Running) -> None:
+        with self.lock:
+            if self.running is not run:
+                return  # finished meanwhile: its result carries the items
+            done, first = len(run.items), run.sent
+            r = run.indices[first:done]
+            items = wire.finish(self.seq, r, run.items[first:done], portable=True)
+            payload, _, _ = wire.dump_chunk(items, None)  # in-band: the slot is the evaluating thread's
+            try:
+                self.conn.send_bytes(wire.encode(run.job_id, wire.PARTIAL, payload, first=first))
+            except OSError:
+                return
+            run.sent, run.since = done, time.monotonic()
+
+
+def _serve(conn: connection.Connection, outbox: _Outbox, seq: Any, memory: Any, slot_size: int) -> None:
     cancelled, base = memory[: SlotPool.HEADER].view("int64"), memory.ctypes.data
     while True:
         try:
@@ -98,21 +155,14 @@ def _serve(conn: connection.Connection, seq: Any, memory: Any, slot_size: int) -
                 job = JobSlot(memory[at : at + slot_size], base + at)
             jobslot.set_current(job)
             t = time.perf_counter()
-            items = wire.evaluate(seq, range(start, start + count * step, step))
+            r = range(start, start + count * step, step)
+            run = outbox.running = Running(job_id, r)
+            wire.compute(seq, r, run.items)
+            items, first = outbox.finish(run)
+            items = wire.finish(seq, r[first:], items, portable=True)
             payload, table, needed = wire.dump_chunk(items, job)
             jobslot.set_current(None)
-            del items
-            msg = wire.encode(job_id, wire.RESULT, payload, table, needed, time.perf_counter() - t)
-        try:
-            conn.send_bytes(msg)
-        except OSError:
+            del items, run
+            msg = wire.encode(job_id, wire.RESULT, payload, table, needed, time.perf_counter() - t, first)
+        if not outbox.send(msg):
             return
-
-
-def _exit_when_orphaned(ppid: int) -> None:
-    """A worker inside a long (or stuck) item never gets back to its pipe: this thread ends the
-    worker once the reader's process is gone (we get a new parent), within about a second."""
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != ppid:
-            os._exit(0)  # no clean-up: the item's code may hold locks; the reader is gone anyway

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ..base import Gather, Remap, Routed, View, compose
+from ..base import Gather, Remap, Routed, View, _infinite_range
+from ..keys import compose, span
 from ..node import Exhausted, check_source, length, reader
 
 __all__ = ["gather", "take", "arange", "cycle", "repeat", "interleave", "switch", "case", "uniter"]
@@ -53,7 +54,7 @@ class Arange(View):
         self.r = r
 
     def _len(self) -> int:
-        return len(self.r)
+        return span(self.r)
 
     def _get(self, i: int) -> int:
         return self.r[i]
@@ -151,6 +152,20 @@ class Repeat(View):
     def _set(self, i: int, value: Any) -> None:
         self.value = value
 
+    def _set_many(self, key: Any, values: Any) -> None:
+        if self.finite or not isinstance(key, slice):
+            return super()._set_many(key, values)
+        # As in seqtools, an infinite repeat takes any number of values for a bounded slice: every
+        # item is the one value, which writing the values in turn leaves at the last one.
+        targets = _infinite_range(self, key)
+        if targets is None:
+            raise ValueError(f"{self.describe()} has no len(): cannot assign to an open-ended slice, give a stop")
+        values = list(values)
+        if targets and not values:
+            raise ValueError(f"{self.describe()}: no value given for the {len(targets)} items of the slice")
+        if targets:
+            self.value = values[-1]
+
     def children(self) -> tuple:
         return ()
 
@@ -164,13 +179,18 @@ def repeat(value: Any, times: int | None = None) -> View:
     """``value`` repeated ``times`` times, or for ever when ``times`` is None.
 
     All items are the same object, so writing any item replaces the value of every item (as in
-    seqtools). Unlike seqtools, ``times`` may be 0 or 1.
+    seqtools); a slice of an infinite repeat takes any number of values, the last one stays.
+    Unlike seqtools, ``times`` may be 0 or 1.
 
     >>> import lazyseq
     >>> list(lazyseq.repeat(3, 4)), list(lazyseq.repeat('x', 1)), list(lazyseq.repeat('x', 0))
     ([3, 3, 3, 3], ['x'], [])
-    >>> lazyseq.repeat(7)[10**12]
+    >>> r = lazyseq.repeat(7)
+    >>> r[10**12]
     7
+    >>> r[5:9] = [1, 2]
+    >>> r[0]
+    2
     """
     if times is not None:
         if isinstance(times, bool) or not isinstance(times, (int, np.integer)):

@@ -69,10 +69,12 @@ class Map(View):
             raise wrap_error(e, idx[len(out)], self)  # noqa: B904
         return out
 
-    def _get_each(self, idx: Sequence[int]) -> list:
+    def _get_each(self, idx: Sequence[int], out: list | None = None) -> list:
         if self.src is None:  # several sources: the default (bulk, then item by item if it fails)
-            return View._get_each(self, idx)
-        f, star, out = self.f, self.star, []
+            return View._get_each(self, idx, out)
+        f, star = self.f, self.star
+        if out is None:
+            out = []
         add = out.append
         for i, x in zip(idx, read_each(self.src, idx)):
             if type(x) is Failed:

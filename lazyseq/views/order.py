@@ -113,24 +113,27 @@ def shuffle(seq: Any, seed: int | None, epoch: int = 0) -> View:
 class Shard(Remap):
     def __init__(self, seq: Any, index: int, count: int, drop_remainder: bool):
         self._bind(seq, "shard")
-        self.index, self.count, self.drop_remainder = operator.index(index), operator.index(count), drop_remainder
-        if self.count < 1 or not 0 <= self.index < self.count:
+        # not self.index/self.count: those would hide the Sequence methods index() and count()
+        self.shard_index, self.shard_count = operator.index(index), operator.index(count)
+        self.drop_remainder = drop_remainder
+        if self.shard_count < 1 or not 0 <= self.shard_index < self.shard_count:
             raise ValueError(f"shard: need 0 <= index < count, got index={index}, count={count}")
         self.finite = is_finite(seq)
 
     def _len(self) -> int:
-        n = len(self.src)
-        return n // self.count if self.drop_remainder else len(range(self.index, n, self.count))
+        n, c = len(self.src), self.shard_count
+        return n // c if self.drop_remainder else len(range(self.shard_index, n, c))
 
     def _map(self, i: int) -> int:
-        return self.index + i * self.count
+        return self.shard_index + i * self.shard_count
 
     def _map_many(self, idx: Sequence[int]) -> list[int]:
-        a, c = self.index, self.count
+        a, c = self.shard_index, self.shard_count
         return [a + i * c for i in idx]
 
     def describe(self) -> str:
-        return f"shard({self.index} of {self.count}{', drop_remainder' if self.drop_remainder else ''})"
+        extra = ", drop_remainder" if self.drop_remainder else ""
+        return f"shard({self.shard_index} of {self.shard_count}{extra})"
 
 
 def shard(seq: Any, index: int, count: int, drop_remainder: bool = False) -> View:

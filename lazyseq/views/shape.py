@@ -264,6 +264,11 @@ class Concatenate(Routed):
                 break
             self.offsets.append(self.offsets[-1] + n)
 
+    @property
+    def sequences(self) -> tuple:
+        """The sequences, nested concatenations flattened (seqtools' name for ``seqs``)."""
+        return self.seqs
+
     def _len(self) -> int:
         return self.offsets[-1]
 
