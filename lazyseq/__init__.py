@@ -10,8 +10,10 @@ from .dataloader import DataLoader, default_collate
 from .errors import EvaluationError, PrefetchClosed, PrefetchTimeout, WorkerCrashed, WorkerStartError, seterr
 from .evaluation import empty, empty_like, prefetch
 from .serialization import SerializableFunc
+from .store import Store, load, save
 from .tensor import to_tensor
 from .views.caching import add_cache
+from .views.chunked import block_shuffle, chunks
 from .views.faults import Skip, on_error
 from .views.indexing import arange, case, cycle, gather, interleave, repeat, switch, take, uniter
 from .views.mapping import smap, starmap
@@ -22,10 +24,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DataLoader", "default_collate", "to_tensor",
+    "Store", "load", "save",
     "EvaluationError", "Pad", "PrefetchClosed", "PrefetchTimeout", "View", "WorkerCrashed",
     "WorkerStartError", "add_cache", "arange", "batch", "case", "collate", "concatenate", "cycle", "empty",
     "empty_like", "gather", "instrument", "interleave", "prefetch", "repeat", "seterr", "shard", "shuffle",
     "smap", "split", "starmap", "switch", "take", "unbatch", "uniter",
-    "Skip", "on_error",
+    "Skip", "block_shuffle", "chunks", "on_error",
     "SerializableFunc",
 ]

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 # Runs the bench as `python -m lazyseq.bench` does, with the peers made unimportable.
-HIDE_PEERS = ("import sys; sys.modules['seqtools'] = sys.modules['torch'] = None; "
+HIDE_PEERS = ("import sys; sys.modules['seqtools'] = sys.modules['torch'] = sys.modules['datasets'] = None; "
               "from lazyseq.bench.__main__ import main; sys.exit(main(sys.argv[1:]))")
 
 
@@ -45,6 +45,23 @@ def test_bench_prefetch(tmp_path, hide_peers):
         assert peer in res["startup"]["ms"]
     assert set(res["targets"]) == {"large_copy_vs_seqtools_shm", "large_copy_vs_torch", "large_empty_vs_seqtools_shm",
                                    "tiny_us_per_item", "compute_vs_plain_loop", "startup_ms"}
+    for t in res["targets"].values():
+        assert {"value", "target", "met"} <= set(t)
+
+
+@pytest.mark.parametrize("hide_peers", [False, True], ids=["installed-peers", "no-peers"])
+def test_bench_store(tmp_path, hide_peers):
+    res = run_bench("store", tmp_path, hide_peers)
+    assert res["scenario"] == "store" and res["quick"] is True and res["nworkers"] == 2
+    readers = {"lazyseq.load", "np.memmap"} | ({"datasets"} if res["datasets_installed"] else set())
+    if hide_peers:
+        assert res["datasets_installed"] is False and res["datasets_build_seconds"] is None
+    assert set(res["save_seconds"]) == {"single-process loop", "lazyseq.save"}
+    assert res["save_ratio_to_loop"]["single-process loop"] == 1.0 and res["shards"] > 2
+    assert set(res["random_us_per_item"]) == set(res["epoch_items_per_s"]) == readers
+    assert all(v > 0 for v in [*res["random_us_per_item"].values(), *res["epoch_items_per_s"].values()])
+    assert set(res["targets"]) == {"save_vs_loop", "random_vs_memmap", "random_vs_datasets"}
+    assert (res["targets"]["random_vs_datasets"]["value"] is None) == (not res["datasets_installed"])
     for t in res["targets"].values():
         assert {"value", "target", "met"} <= set(t)
 

@@ -8,7 +8,7 @@ import json
 import sys
 
 SCENARIOS = {"views": "lazyseq.bench.views", "prefetch": "lazyseq.bench.prefetch", "tensor": "lazyseq.bench.tensor",
-             "dataloader": "lazyseq.bench.dataloader"}
+             "dataloader": "lazyseq.bench.dataloader", "store": "lazyseq.bench.store"}
 
 
 def main(argv: list[str] | None = None) -> int:

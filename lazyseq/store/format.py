@@ -1,0 +1,280 @@
+"""The on-disk format of a store: the schema of an item (its structure and its fields), how each
+field of a shard is laid out, and the small file helpers both sides share.
+
+A store is a directory::
+
+    manifest.json          written last: format, length, structure, fields, shards
+    shard-00000-3f9a0c1e.bin ...  one file per shard (a random tag per attempt: see write.py),
+                           each field's segments at 64-byte offsets
+
+The structure is JSON: ``{"leaf": k}`` for field ``k``, or a container ``{"dict"|"list"|"tuple":
+class or null, "items": [...], "keys": [...] (dicts), "fields": [...] (namedtuples)}``. A class
+is ``"module:qualname"``; null is the plain built-in type. See docs/store.md for the fields.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import json
+import os
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..helpers import warn
+
+FORMAT = "lazyseq.store"
+VERSION = 1
+MANIFEST = "manifest.json"
+PROGRESS = ".progress"  # job.json, lock, and one record per finished shard, while a save runs
+JOB = "job.json"
+
+# Fields: the kind of leaf, and for arrays and numpy scalars their dtype (and ndim).
+PYTHON = {"bool": np.dtype(bool), "int": np.dtype("<i8"), "float": np.dtype("<f8"), "complex": np.dtype("<c16")}
+BYTES_LIKE = ("str", "bytes", "bytearray", "np.str_", "np.bytes_", "pickle")
+_LEAF_TYPES = {bool: "bool", int: "int", float: "float", complex: "complex", str: "str", bytes: "bytes",
+               bytearray: "bytearray", np.str_: "np.str_", np.bytes_: "np.bytes_", type(None): "none"}
+
+
+class SchemaError(ValueError):
+    """An item that cannot be stored, or whose structure differs from item 0's."""
+
+
+def shard_name(k: int, tag: str) -> str:
+    return f"shard-{k:05d}-{tag}.bin"
+
+
+def record_name(k: int) -> str:
+    return f"shard-{k:05d}.json"
+
+
+# -- dtypes as JSON --------------------------------------------------------------------------------
+def dtype_to_json(dt: np.dtype) -> Any:
+    """numpy's ``.npy`` description of ``dt`` (a string, or a list of fields for structured dtypes)."""
+    return np.lib.format.dtype_to_descr(dt)
+
+
+def dtype_from_json(d: Any) -> np.dtype:
+    return np.dtype(_descr(d))
+
+
+def _descr(d: Any) -> Any:  # JSON turned numpy's tuples into lists: turn them back
+    if isinstance(d, str):
+        return d
+    fields = []
+    for f in d:
+        name = tuple(f[0]) if isinstance(f[0], list) else f[0]  # (title, name)
+        fields.append((name, _descr(f[1])) if len(f) == 2 else (name, _descr(f[1]), tuple(f[2])))
+    return fields
+
+
+# -- the schema of one item ------------------------------------------------------------------------
+def path_str(path: tuple) -> str:
+    """A field's place in the item, as Python would index it: ``['image'][0]``, ``.label``."""
+    return "".join(f".{p[1:]}" if isinstance(p, str) and p.startswith(".") else f"[{p!r}]" for p in path) or "(item)"
+
+
+def type_name(t: type) -> str:
+    return f"{t.__module__}:{t.__qualname__}"
+
+
+def leaf_spec(x: Any, allow_pickle: bool) -> dict:
+    """The field description of leaf ``x``; SchemaError if it cannot be stored."""
+    t = type(x)
+    if t is np.ndarray or t is np.memmap:
+        if x.dtype.hasobject:
+            return _pickled(x, allow_pickle, f"an array of dtype {x.dtype} (it holds Python objects)")
+        return {"kind": "array", "dtype": dtype_to_json(x.dtype), "ndim": x.ndim}
+    kind = _LEAF_TYPES.get(t)
+    if kind is not None:
+        return {"kind": kind}
+    if isinstance(x, np.generic) and not x.dtype.hasobject:
+        return {"kind": "scalar", "dtype": dtype_to_json(x.dtype)}
+    return _pickled(x, allow_pickle, f"a {t.__module__}.{t.__qualname__}")
+
+
+def _pickled(x: Any, allow_pickle: bool, what: str) -> dict:
+    if not allow_pickle:
+        raise SchemaError(f"cannot store {what}: items may hold numpy arrays and scalars, Python numbers, str, "
+                          "bytes and None in tuples, lists and dicts; pass allow_pickle=True to pickle other objects")
+    return {"kind": "pickle"}
+
+
+def schema(x: Any, allow_pickle: bool) -> tuple[Any, list[dict]]:
+    """The structure of item ``x`` and its fields (each with its ``path``), in leaf order."""
+    fields: list[dict] = []
+
+    def walk(v: Any, path: tuple) -> Any:
+        t = type(v)
+        if isinstance(v, dict):
+            keys = list(v)
+            for key in keys:
+                if type(key) not in (str, int):
+                    raise SchemaError(f"field {path_str(path)}: dict keys must be str or int to be stored, got {key!r}")
+            node = {"dict": None if t is dict else type_name(t), "keys": keys}
+            if isinstance(v, collections.defaultdict) and v.default_factory is not None:
+                node["factory"] = type_name(v.default_factory)
+            node["items"] = [walk(v[key], (*path, key)) for key in keys]
+            return node
+        if isinstance(v, list):
+            return {"list": None if t is list else type_name(t), "items": [walk(e, (*path, k)) for k, e in enumerate(v)]}
+        if isinstance(v, tuple):
+            names = getattr(t, "_fields", None)
+            node = {"tuple": None if t is tuple else type_name(t)}
+            if names is not None:
+                node["fields"] = list(names)
+                node["items"] = [walk(e, (*path, "." + f)) for f, e in zip(names, v)]
+            else:
+                node["items"] = [walk(e, (*path, k)) for k, e in enumerate(v)]
+            return node
+        try:
+            spec = leaf_spec(v, allow_pickle)
+        except SchemaError as e:
+            raise SchemaError(f"field {path_str(path)}: {e}") from None
+        fields.append({"path": path_str(path), **spec})
+        return {"leaf": len(fields) - 1}
+
+    return walk(x, ()), fields
+
+
+def mismatch(a: Any, b: Any, allow_pickle: bool) -> str | None:
+    """Where and how item ``b``'s structure differs from ``a``'s schema (None: the same)."""
+    sa, fa = a
+    try:
+        sb, fb = schema(b, allow_pickle)
+    except SchemaError as e:
+        return str(e)
+    if sa == sb and fa == fb:
+        return None
+    for x, y in zip(fa, fb):
+        if x != y:
+            if x["path"] != y["path"]:
+                break
+            what = {k: (x.get(k), y.get(k)) for k in ("kind", "dtype", "ndim") if x.get(k) != y.get(k)}
+            return f"field {x['path']}: " + ", ".join(f"{k} {p} in the first, {q} in the second" for k, (p, q) in what.items())
+    return f"the containers differ: {_brief(sa)} in the first, {_brief(sb)} in the second"
+
+
+def _brief(node: Any, depth: int = 0) -> str:
+    if "leaf" in node:
+        return "x"
+    kind = next(k for k in ("dict", "list", "tuple") if k in node)
+    name = (node[kind] or kind).split(":")[-1]
+    if depth > 2:
+        return f"{name}(...)"
+    parts = [_brief(v, depth + 1) for v in node["items"]]
+    if "keys" in node:
+        parts = [f"{k!r}: {p}" for k, p in zip(node["keys"], parts)]
+    elif "fields" in node:
+        parts = [f"{k}={p}" for k, p in zip(node["fields"], parts)]
+    return f"{name}({', '.join(parts)})"
+
+
+# -- rebuilding items: the structure as one compiled function of the leaf values --------------------
+def _namedtuple(name: str, fields: tuple) -> type:
+    cls = _NAMEDTUPLES.get((name, fields))
+    if cls is None:
+        cls = collections.namedtuple(name, fields)
+        cls.__reduce__ = lambda self: (_make_namedtuple, (name, fields, tuple(self)))  # pickles by its spec
+        _NAMEDTUPLES[(name, fields)] = cls
+    return cls
+
+
+_NAMEDTUPLES: dict[tuple, type] = {}
+
+
+def _make_namedtuple(name: str, fields: tuple, values: tuple) -> tuple:
+    return _namedtuple(name, fields)(*values)
+
+
+def resolve(name: str | None, base: type, fields: list | None = None) -> type:
+    """The class ``module:qualname``; a namedtuple that cannot be imported is made again from its
+    name and fields; another class that cannot be imported falls back to ``base`` (warned)."""
+    if name is None:
+        return base
+    module, _, qual = name.partition(":")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+        if isinstance(obj, type) and issubclass(obj, base) and (fields is None or list(getattr(obj, "_fields", ())) == fields):
+            return obj
+    except Exception:
+        pass
+    if fields is not None:
+        return _namedtuple(qual.rsplit(".", 1)[-1], tuple(fields))
+    warn(f"lazyseq.load: the class {name} cannot be imported; its items come back as {base.__name__}")
+    return base
+
+
+def builder(structure: Any) -> Callable[[tuple], Any]:
+    """The function that turns a tuple of leaf values into the item (generated once per store)."""
+    names: dict[str, Any] = {}
+
+    def ref(obj: Any) -> str:
+        key = f"C{len(names)}"
+        names[key] = obj
+        return key
+
+    def code(node: Any) -> str:
+        if "leaf" in node:
+            return f"v[{node['leaf']}]"
+        parts = [code(n) for n in node["items"]]
+        if "dict" in node:
+            pairs = ", ".join(f"{k!r}: {p}" for k, p in zip(node["keys"], parts))
+            cls = resolve(node["dict"], dict)
+            if cls is dict:
+                return f"{{{pairs}}}"
+            if issubclass(cls, collections.defaultdict):
+                factory = resolve(node.get("factory"), object) if node.get("factory") else None
+                return f"{ref(cls)}({ref(factory)}, {{{pairs}}})"
+            return f"{ref(cls)}({{{pairs}}})"
+        if "list" in node:
+            cls = resolve(node["list"], list)
+            return f"[{', '.join(parts)}]" if cls is list else f"{ref(cls)}([{', '.join(parts)}])"
+        cls = resolve(node["tuple"], tuple, node.get("fields"))
+        if cls is tuple:
+            return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+        if "fields" in node:
+            return f"{ref(cls)}({', '.join(parts)})"
+        return f"{ref(cls)}(({', '.join(parts)}{',' if len(parts) == 1 else ''}))"
+
+    body = code(structure)
+    return eval(f"lambda v: {body}", names)  # built from the manifest's keys (repr) and resolved classes
+
+
+# -- files -----------------------------------------------------------------------------------------
+def write_json_atomic(path: str, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` so that a crash leaves the old file or the new one, whole."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, separators=(",", ":"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path))
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_json(path: str, what: str) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as e:
+        raise OSError(f"{what} {path} cannot be read: {e}") from None
+
+
+def pickle_dumps(x: Any) -> bytes:
+    return pickle.dumps(x, protocol=5)

@@ -1,0 +1,276 @@
+"""``lazyseq.load``: a store on disk as a view, read through memory maps of its shard files."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..base import View
+from . import format as fmt
+from .write import file_crc
+
+__all__ = ["Store", "load", "StoreError"]
+
+_OPEN_SHARDS = 256  # memory maps kept open at once (each holds a file descriptor)
+_Reader = tuple[Callable[[int], Any], Callable[[int, int], list]]  # one item; items a..b of a shard
+
+
+class StoreError(OSError):
+    """A store's file is missing, truncated or corrupted, or is not a store at all."""
+
+
+def _bytes_like(kind: str, mm: Any, offs: np.ndarray, base: int) -> _Reader:
+    decode: Callable[[bytes], Any] = {
+        "str": lambda b: str(b, "utf-8", "surrogatepass"), "np.str_": lambda b: np.str_(str(b, "utf-8", "surrogatepass")),
+        "bytes": bytes, "np.bytes_": np.bytes_, "bytearray": bytearray, "pickle": pickle.loads}[kind]
+
+    def one(j: int) -> Any:
+        return decode(mm[base + int(offs[j]) : base + int(offs[j + 1])])
+
+    def many(a: int, b: int) -> list:
+        o = (offs[a : b + 1] + base).tolist()
+        return [decode(mm[o[t] : o[t + 1]]) for t in range(b - a)]
+
+    return one, many
+
+
+def _var_array(dt: np.dtype, mm: Any, base: int, offs: np.ndarray, shapes: np.ndarray) -> _Reader:
+    def one(j: int) -> np.ndarray:
+        return np.ndarray(shapes[j].tolist(), dt, buffer=mm, offset=base + int(offs[j]))
+
+    def many(a: int, b: int) -> list:
+        o, s = (offs[a:b] + base).tolist(), shapes[a:b].tolist()
+        return [np.ndarray(sh, dt, buffer=mm, offset=x) for x, sh in zip(o, s)]
+
+    return one, many
+
+
+def _fixed(kind: str, arr: np.ndarray) -> _Reader:
+    if kind in fmt.PYTHON:
+        return arr.item, lambda a, b: arr[a:b].tolist()
+    if kind == "array" and arr.ndim == 1:  # 0-d arrays: arr[j] would be a numpy scalar
+        return (lambda j: arr[j, ...]), lambda a, b: [arr[j, ...] for j in range(a, b)]
+    return arr.__getitem__, lambda a, b: list(arr[a:b])
+
+
+class _Shard:
+    """The readers of one shard's fields, over one read-only memory map of its file."""
+
+    __slots__ = ("ones", "manys", "mm")
+
+    def __init__(self, path: str, rec: dict, fields: list[dict], dtypes: list[np.dtype | None]):
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size != rec["bytes"]:
+                    raise StoreError(f"{path} is truncated or was changed: {size} bytes, the manifest says {rec['bytes']}")
+                self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        except FileNotFoundError:
+            raise StoreError(f"{path} is missing: the store is incomplete") from None
+        m = rec["stop"] - rec["start"]
+        readers = [self._reader(path, f, lay, dt, m) for f, lay, dt in zip(fields, rec["fields"], dtypes)]
+        self.ones, self.manys = [r[0] for r in readers], [r[1] for r in readers]
+
+    def _table(self, part: list, dtype: str, shape: tuple, path: str, what: str) -> np.ndarray:
+        off, nbytes = part
+        if nbytes != int(np.prod(shape)) * np.dtype(dtype).itemsize or off + nbytes > len(self.mm):
+            raise StoreError(f"{path} is corrupted: the {what} table does not fit ({part}); the manifest and the file disagree")
+        return np.ndarray(shape, dtype, buffer=self.mm, offset=off)
+
+    def _reader(self, path: str, field: dict, lay: dict, dt: np.dtype | None, m: int) -> _Reader:
+        kind, mm, what = field["kind"], self.mm, f"field {field['path']}"
+        if kind == "none":
+            return (lambda j: None), lambda a, b: [None] * (b - a)
+        if kind in fmt.BYTES_LIKE or ("shape" not in lay and kind == "array"):
+            offs = self._table(lay["offsets"], "<i8", (m + 1,), path, f"{what} offsets")
+            base, nbytes = lay["data"]
+            if kind == "array":
+                shapes = self._table(lay["shapes"], "<i8", (m, field["ndim"]), path, f"{what} shapes")
+                ends = offs[:m] + np.prod(shapes, axis=1) * dt.itemsize
+                if m and ((shapes < 0).any() or (ends > offs[1:]).any() or offs[m] > nbytes or (offs[:m] < 0).any()):
+                    raise StoreError(f"{path} is corrupted: the offsets or shapes of {what} are out of bounds")
+                return _var_array(dt, mm, base, offs, shapes)
+            if m and (offs[0] != 0 or offs[m] > nbytes or (np.diff(offs) < 0).any()):
+                raise StoreError(f"{path} is corrupted: the offsets of {what} are out of bounds")
+            if base + nbytes > len(mm):
+                raise StoreError(f"{path} is corrupted: {what} does not fit in the file")
+            return _bytes_like(kind, mm, offs, base)
+        shape = (m, *lay.get("shape", ()))
+        return _fixed(kind, self._table(lay["data"], dt, shape, path, what))
+
+
+class Store(View):
+    """A store written by :func:`lazyseq.save`, as a view: ``store[i]`` is item ``i`` as it was
+    saved (values, dtypes, shapes and container types). See :func:`load`."""
+
+    checks_keys = False
+
+    def __init__(self, path: str | os.PathLike, *, verify: bool = False):
+        path = os.path.abspath(os.fspath(path))
+        self._setup(path, _manifest(path))
+        self._check_files(verify)
+
+    @classmethod
+    def _reopen(cls, path: str, manifest: dict) -> Store:
+        self = cls.__new__(cls)
+        self._setup(path, manifest)
+        return self
+
+    def __reduce__(self):  # the path and the manifest: a worker maps the files itself
+        return (Store._reopen, (self.path, self.manifest))
+
+    def _setup(self, path: str, manifest: dict) -> None:
+        self.path, self.manifest = path, manifest
+        self.n, self.per_shard = manifest["length"], manifest["per_shard"]
+        self.fields, self.records = manifest["fields"], manifest["shards"]
+        self._dtypes = [fmt.dtype_from_json(f["dtype"]) if "dtype" in f else fmt.PYTHON.get(f["kind"])
+                        for f in self.fields]
+        self._build = fmt.builder(manifest["structure"]) if self.n else None
+        self._open: dict[int, _Shard] = {}
+        self._lock = threading.Lock()
+
+    def _check_files(self, verify: bool) -> None:
+        for rec in self.records:
+            f = os.path.join(self.path, rec["file"])
+            try:
+                size = os.path.getsize(f)
+            except FileNotFoundError:
+                raise StoreError(f"{f} is missing: the store is incomplete") from None
+            if size != rec["bytes"]:
+                raise StoreError(f"{f} is truncated or was changed: {size} bytes, the manifest says {rec['bytes']}")
+            if verify and file_crc(f) != rec["crc32"]:
+                raise StoreError(f"{f} is corrupted: its checksum differs from the manifest's")
+
+    # -- reads -----------------------------------------------------------------------------------
+    def _len(self) -> int:
+        return self.n
+
+    def _shard(self, k: int) -> _Shard:
+        shard = self._open.get(k)
+        if shard is None:
+            with self._lock:
+                shard = self._open.get(k)
+                if shard is None:
+                    if len(self._open) >= _OPEN_SHARDS:  # the oldest opened goes; arrays read from it stay valid
+                        del self._open[next(iter(self._open))]
+                    rec = self.records[k]
+                    shard = self._open[k] = _Shard(os.path.join(self.path, rec["file"]), rec, self.fields, self._dtypes)
+        return shard
+
+    def _get(self, i: int) -> Any:
+        k = i // self.per_shard
+        j = i - k * self.per_shard
+        return self._build([one(j) for one in self._shard(k).ones])
+
+    def _get_many(self, idx: Sequence[int]) -> list:
+        if not isinstance(idx, range):
+            idx = _as_range(idx)  # a slice of a store hands its bulk reads on as lists
+        if not isinstance(idx, range) or idx.step != 1:
+            get = self._get
+            return [get(i) for i in idx]
+        out, build, i = [], self._build, idx.start
+        while i < idx.stop:  # one slice per field and shard
+            k = i // self.per_shard
+            a = i - k * self.per_shard
+            b = min(idx.stop - k * self.per_shard, self.records[k]["stop"] - self.records[k]["start"])
+            cols = [many(a, b) for many in self._shard(k).manys]
+            out.extend(map(build, zip(*cols)) if cols else [build(()) for _ in range(b - a)])
+            i += b - a
+        return out
+
+    # -- description ------------------------------------------------------------------------------
+    def nbytes(self) -> int:
+        """The size of the shard files, in bytes."""
+        return sum(r["bytes"] for r in self.records)
+
+    def describe(self) -> str:
+        return f"store({self.path!r})"
+
+    def __repr__(self) -> str:
+        head = f"{self.describe()}  len={self.n}  {len(self.records)} shard{'s' * (len(self.records) != 1)}, " \
+               f"{_size(self.nbytes())} on disk"
+        lines = [head]
+        for k, f in enumerate(self.fields):
+            dt = self._dtypes[k]
+            what = f["kind"] if f["kind"] not in ("array", "scalar") else str(dt)
+            if f["kind"] == "scalar":
+                what = f"numpy {dt} scalar"
+            shape = "variable" if f["shape"] is None else str(tuple(f["shape"]))
+            if f["kind"] in ("none", "scalar", *fmt.PYTHON):
+                shape = ""
+            lines.append(f"{'└─' if k == len(self.fields) - 1 else '├─'} {f['path']}  {what}  {shape}".rstrip())
+        return "\n".join(lines)
+
+
+def _as_range(idx: Sequence[int]) -> Sequence[int]:
+    """``idx`` as a range if it holds consecutive increasing indices (three or more)."""
+    n = len(idx)
+    if n < 3 or idx[-1] - idx[0] != n - 1:
+        return idx
+    first = idx[0]
+    return range(first, first + n) if all(i == first + k for k, i in enumerate(idx)) else idx
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return ""
+
+
+def _manifest(path: str) -> dict:
+    file = os.path.join(path, fmt.MANIFEST)
+    try:
+        m = fmt.read_json(file, "the manifest")
+    except FileNotFoundError:
+        partial = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.lazyseq-partial")
+        hint = f"; an interrupted save is in {partial}: run the same lazyseq.save again to finish it" \
+            if os.path.isdir(partial) else ""
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"lazyseq.load: there is no store at {path}{hint}") from None
+        raise StoreError(f"lazyseq.load: {path} is not a lazyseq store: it has no {fmt.MANIFEST}{hint}") from None
+    except OSError as e:
+        raise StoreError(str(e)) from None
+    if not isinstance(m, dict) or m.get("format") != fmt.FORMAT:
+        raise StoreError(f"{file} is not the manifest of a lazyseq store")
+    if m.get("version") != fmt.VERSION:
+        raise StoreError(f"{file} has format version {m.get('version')}; this lazyseq reads version {fmt.VERSION}")
+    try:
+        starts = [r["start"] for r in m["shards"]]
+        ok = starts == list(range(0, m["length"], m["per_shard"])) and all(
+            r["stop"] == min(m["length"], r["start"] + m["per_shard"]) and len(r["fields"]) == len(m["fields"])
+            for r in m["shards"])
+    except (KeyError, TypeError) as e:
+        raise StoreError(f"{file} is corrupted: {type(e).__name__}: {e}") from None
+    if not ok:
+        raise StoreError(f"{file} is corrupted: its shards do not cover items 0 to {m['length']}")
+    return m
+
+
+def load(path: str | os.PathLike, *, verify: bool = False) -> Store:
+    """The store that :func:`lazyseq.save` wrote at ``path``, as a view with O(1) reads.
+
+    ``store[i]`` equals the saved ``seq[i]``: values, dtypes, shapes, and the container types (a
+    namedtuple class that cannot be imported by its qualified name, e.g. one defined in a
+    function or a notebook, comes back as a namedtuple of the same name and fields). Arrays come
+    back as **read-only, zero-copy views** of a memory map of the shard file (``np.array(x)``
+    copies one); reading a contiguous range in bulk (``batch``) costs one slice per field.
+    Slices and index arrays are lazy views. A store pickles as its path and manifest, so prefetch
+    workers map the files themselves. Missing or truncated files raise :class:`StoreError`
+    naming the file; ``verify=True`` also checks every shard's checksum (reads every byte).
+
+    >>> import lazyseq, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), 'squares')
+    >>> lazyseq.save([(np.full(2, i), i * i) for i in range(10)], path, method='thread')
+    >>> store = lazyseq.load(path)
+    >>> store[3], len(store), store[3][0].flags.writeable
+    ((array([3, 3]), 9), 10, False)
+    """
+    return Store(path, verify=verify)

@@ -1,0 +1,430 @@
+"""``lazyseq.save``: a finite sequence written as a store, in shards that workers write themselves.
+
+The work is a view (:class:`ShardWriter`) whose item ``k`` evaluates the items of shard ``k``,
+writes the shard file and its record, and returns the record; ``save`` reads it through
+``lazyseq.prefetch``, so only the records reach the caller. The shards are written in a sibling
+directory ``.NAME.lazyseq-partial`` that becomes ``NAME`` when the manifest is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import uuid
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from .. import tree
+from ..base import View
+from ..errors import EvaluationError, wrap_error
+from ..helpers import align, usable_cores
+from ..node import Failed, length, read_each, reader
+from . import format as fmt
+
+__all__ = ["save", "ShardWriter"]
+
+_SAMPLES = 4  # items evaluated first to size the shards: item 0 and a few spread over the sequence
+
+
+# -- one shard ---------------------------------------------------------------------------------------
+Piece = bytes | np.ndarray  # a part of a segment: bytes, or a uint8 array
+
+
+def _as_bytes(a: np.ndarray) -> np.ndarray:
+    """The bytes of ``a`` in C order, as a uint8 array (a view when ``a`` is contiguous)."""
+    a = np.ascontiguousarray(a)
+    return a.reshape(-1).view(np.uint8) if a.size and a.dtype.itemsize else np.empty(0, np.uint8)
+
+
+def _array_field(vals: list, spec: dict) -> tuple[dict, list[list[Piece]]]:
+    """Layout and segments of an array field: fixed-stride if every shape is the same, else flat
+    data (each item at its dtype's alignment) with an offset (n + 1) and a shape (n, ndim) table.
+    The items' own bytes are written (every dtype equals item 0's): no copy of the shard is made."""
+    first = vals[0].shape
+    if all(v.shape == first for v in vals):
+        return {"shape": list(first)}, [[_as_bytes(v) for v in vals]]
+    step = max(1, min(fmt.dtype_from_json(spec["dtype"]).alignment, 64))
+    pos, offs, data = 0, [], []
+    for v in vals:
+        pad = -pos % step
+        if pad:
+            data.append(b"\0" * pad)
+        pos += pad
+        offs.append(pos)
+        data.append(_as_bytes(v))
+        pos += v.nbytes
+    offs.append(pos)
+    shapes = np.array([v.shape for v in vals], dtype="<i8").reshape(len(vals), spec["ndim"])
+    return {}, [data, [_as_bytes(np.array(offs, dtype="<i8"))], [_as_bytes(shapes)]]
+
+
+def _encode_bytes(v: Any, kind: str) -> bytes:
+    if kind == "pickle":
+        return fmt.pickle_dumps(v)
+    return v.encode("utf-8", "surrogatepass") if kind in ("str", "np.str_") else v
+
+
+def _field(vals: list, spec: dict, lo: int) -> tuple[dict, list[list[Piece]]]:
+    """The layout (parts named in order: data, offsets, shapes) and segments of one field of a shard."""
+    kind = spec["kind"]
+    if kind == "array":
+        return _array_field(vals, spec)
+    if kind == "none":
+        return {}, []
+    if kind in fmt.BYTES_LIKE:
+        parts = []
+        for j, v in enumerate(vals):
+            try:
+                parts.append(_encode_bytes(v, kind))
+            except Exception as e:
+                raise fmt.SchemaError(f"item {lo + j}, field {spec['path']}: cannot pickle it: {e}") from e
+        offs = np.zeros(len(parts) + 1, dtype="<i8")
+        np.cumsum([len(p) for p in parts], out=offs[1:])
+        return {}, [parts, [_as_bytes(offs)]]
+    dt = fmt.PYTHON.get(kind) or fmt.dtype_from_json(spec["dtype"])
+    try:
+        col = np.array(vals, dtype=dt)
+    except OverflowError:
+        j = next(j for j, v in enumerate(vals) if not -(2**63) <= v < 2**63)
+        raise fmt.SchemaError(f"item {lo + j}, field {spec['path']}: the int {vals[j]} does not fit in 64 bits; "
+                              "store it as a str, or pass allow_pickle=True and an object of another type") from None
+    return {}, [[_as_bytes(col.reshape(len(vals)))]]
+
+
+@contextlib.contextmanager
+def _removed_on_error(path: str) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        raise
+
+
+def _write_shard(path: str, fields: list[dict], cols: list[list], lo: int) -> tuple[int, int, list[dict]]:
+    """Write the shard file, field by field (each column is let go once written), every segment
+    at a 64-byte offset. Returns the file's size, its crc32 and the fields' layouts."""
+    layouts, pos, crc = [], 0, 0
+    tmp = f"{path}.{os.getpid()}.{id(cols)}.tmp"
+    with open(tmp, "wb") as f, _removed_on_error(tmp):
+        for k, spec in enumerate(fields):
+            layout, segs = _field(cols[k], spec, lo)
+            cols[k] = None
+            for name, seg in zip(("data", "offsets", "shapes"), segs):
+                pad = b"\0" * (align(pos) - pos)
+                f.write(pad)
+                crc, pos = zlib.crc32(pad, crc), pos + len(pad)
+                start = pos
+                for piece in seg:
+                    f.write(piece)
+                    crc, pos = zlib.crc32(piece, crc), pos + len(piece)
+                layout[name] = [start, pos - start]
+            layouts.append(layout)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return pos, crc, layouts
+
+
+def file_crc(path: str) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def finished(root: str, k: int, r: range) -> dict | None:
+    """Shard ``k``'s record if the shard was written whole by an earlier run (size and checksum)."""
+    try:
+        rec = fmt.read_json(os.path.join(root, fmt.PROGRESS, fmt.record_name(k)), "record")
+        if (rec["shard"], rec["start"], rec["stop"]) != (k, r.start, r.stop):
+            return None
+        data = os.path.join(root, rec["file"])
+        if os.path.getsize(data) != rec["bytes"] or file_crc(data) != rec["crc32"]:
+            return None
+    except (OSError, KeyError, TypeError):
+        return None
+    return rec
+
+
+class ShardWriter(View):
+    """Item ``k``: shard ``k`` of ``seq`` evaluated and written under ``root``; its record."""
+
+    def __init__(self, seq: Any, root: str, n: int, per_shard: int, first: tuple, allow_pickle: bool):
+        self.src, self.root, self.n, self.per_shard = seq, root, n, per_shard
+        self.first, self.allow_pickle = first, allow_pickle  # item 0's (structure, fields)
+
+    def _len(self) -> int:
+        return -(-self.n // self.per_shard)
+
+    def children(self) -> tuple:
+        return ()
+
+    def describe(self) -> str:
+        return f"save-shards({self.per_shard} items per shard)"
+
+    def _range(self, k: int) -> range:
+        return range(k * self.per_shard, min(self.n, (k + 1) * self.per_shard))
+
+    def _get(self, k: int) -> dict:
+        r = self._range(k)
+        rec = finished(self.root, k, r)
+        if rec is not None:
+            return {**rec, "resumed": True}
+        fields = self.first[1]
+        cols: list[list] = [[] for _ in fields]
+        for i, x in zip(r, read_each(self.src, r)):
+            if type(x) is Failed:
+                e = x.error
+                raise e if isinstance(e, EvaluationError) else wrap_error(e, i, self.src)
+            if fmt.schema(x, self.allow_pickle) != self.first:
+                why = fmt.mismatch(self.first, x, self.allow_pickle)
+                raise fmt.SchemaError(f"items 0 and {i} have different structures: {why}")
+            for col, leaf in zip(cols, tree.leaves(x)):
+                col.append(leaf)
+        # Prefetch may run a shard twice (a job that looks stuck goes to a second worker): each
+        # attempt writes its own file, so a record always matches the data it names.
+        name = fmt.shard_name(k, uuid.uuid4().hex[:8])
+        size, crc, layouts = _write_shard(os.path.join(self.root, name), fields, cols, r.start)
+        rec = {"shard": k, "start": r.start, "stop": r.stop, "file": name, "bytes": size, "crc32": crc,
+               "fields": layouts}
+        fmt.write_json_atomic(os.path.join(self.root, fmt.PROGRESS, fmt.record_name(k)), rec)
+        return rec
+
+
+# -- the job -----------------------------------------------------------------------------------------
+def _nbytes(x: Any) -> int:
+    n = 0
+    for v in tree.leaves(x):
+        if isinstance(v, np.ndarray):
+            n += v.nbytes
+        elif isinstance(v, (str, bytes, bytearray)):
+            n += len(v) + 8  # and its offset
+        else:
+            n += 8
+    return n
+
+
+def _item(seq: Any, i: int) -> Any:
+    try:
+        return reader(seq)(i)
+    except EvaluationError:
+        raise
+    except Exception as e:
+        raise wrap_error(e, i, seq) from e
+
+
+def _plan(seq: Any, n: int, shard_bytes: int, allow_pickle: bool) -> tuple[tuple, int]:
+    """Item 0's schema, checked against a few more items, and the number of items per shard."""
+    first = _item(seq, 0)
+    try:
+        ref = fmt.schema(first, allow_pickle)
+    except fmt.SchemaError as e:
+        raise fmt.SchemaError(f"item 0, {e}") from None
+    sizes = [_nbytes(first)]
+    for i in sorted({n * s // _SAMPLES for s in range(1, _SAMPLES)} - {0}):
+        x = _item(seq, i)
+        why = fmt.mismatch(ref, x, allow_pickle)
+        if why is not None:
+            raise fmt.SchemaError(f"items 0 and {i} have different structures: {why}")
+        sizes.append(_nbytes(x))
+    est = max(1, sum(sizes) // len(sizes))
+    return ref, max(1, min(n, shard_bytes // est))
+
+
+@contextlib.contextmanager
+def _locked(root: str) -> Iterator[None]:
+    """Hold ``root``'s lock file: two saves into one directory would overwrite each other's shards."""
+    os.makedirs(os.path.join(root, fmt.PROGRESS), exist_ok=True)
+    f = open(os.path.join(root, fmt.PROGRESS, "lock"), "a+")
+    try:
+        try:
+            import fcntl
+
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:  # no fcntl (Windows): no lock
+            pass
+        except OSError:
+            raise RuntimeError(f"lazyseq.save: another save is writing {root}; wait for it or stop it") from None
+        yield
+    except BaseException:
+        if not os.path.exists(os.path.join(root, fmt.PROGRESS, fmt.JOB)):  # nothing worth resuming
+            shutil.rmtree(root, ignore_errors=True)
+        raise
+    finally:
+        f.close()
+
+
+def _job(root: str, n: int, ref: tuple, per_shard: int, fingerprint: str | None, overwrite: bool, dest: str) -> int:
+    """The number of items per shard: the interrupted job's if it is this one, else a new job's."""
+    path = os.path.join(root, fmt.PROGRESS, fmt.JOB)
+    job = {"format": fmt.FORMAT, "version": fmt.VERSION, "length": n, "structure": ref[0], "fields": ref[1],
+           "fingerprint": fingerprint, "per_shard": per_shard}
+    try:
+        old = fmt.read_json(path, "the job file")
+    except FileNotFoundError:
+        old = None
+    except OSError:
+        old = {}
+    if old is not None:
+        diff = [k for k in ("format", "version", "length", "structure", "fields", "fingerprint")
+                if old.get(k) != job[k]]
+        if not diff and isinstance(old.get("per_shard"), int):
+            return old["per_shard"]
+        if not overwrite:
+            raise FileExistsError(
+                f"lazyseq.save: {root} holds an interrupted save of another job (its {', '.join(diff)} "
+                f"differ{'s' if len(diff) == 1 else ''}), which a rerun can resume; to save this job to {dest} "
+                "instead, pass overwrite=True or delete that directory")
+        for name in os.listdir(root):  # another job's shards: start afresh, keeping the lock
+            if name != fmt.PROGRESS:
+                os.remove(os.path.join(root, name))
+        for name in os.listdir(os.path.join(root, fmt.PROGRESS)):
+            if name != "lock":
+                os.remove(os.path.join(root, fmt.PROGRESS, name))
+    fmt.write_json_atomic(path, job)
+    return per_shard
+
+
+def _check_dest(dest: str, overwrite: bool) -> None:
+    if not os.path.lexists(dest):
+        return
+    if not os.path.isdir(dest):
+        raise FileExistsError(f"lazyseq.save: {dest} exists and is not a directory")
+    if os.path.exists(os.path.join(dest, fmt.MANIFEST)):
+        if not overwrite:
+            raise FileExistsError(f"lazyseq.save: {dest} is a finished store; pass overwrite=True to replace it")
+    elif os.listdir(dest):
+        raise FileExistsError(f"lazyseq.save: {dest} exists and is not a lazyseq store; refusing to replace it")
+
+
+def _swap(root: str, dest: str) -> None:
+    """Put the finished store at ``dest``; a store already there is removed only after."""
+    old = None
+    if os.path.lexists(dest):
+        old = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.lazyseq-old-{uuid.uuid4().hex}")
+        os.rename(dest, old)
+    os.rename(root, dest)
+    fmt.fsync_dir(os.path.dirname(dest))
+    for name in os.listdir(os.path.dirname(dest)):  # this one, and any a crash left between the renames
+        if name.startswith(f".{os.path.basename(dest)}.lazyseq-old-"):
+            shutil.rmtree(os.path.join(os.path.dirname(dest), name), ignore_errors=True)
+    shutil.rmtree(os.path.join(dest, fmt.PROGRESS), ignore_errors=True)
+
+
+def _progress_bar(progress: bool | None, n: int, dest: str) -> Any:
+    if progress is None:
+        progress = sys.stderr is not None and sys.stderr.isatty()
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    class Bar(tqdm):
+        monitor_interval = 0  # no monitor thread left running after the save
+
+    return Bar(total=n, unit="item", desc=f"save {os.path.basename(dest)}", dynamic_ncols=True)
+
+
+def _run(writer: ShardWriter, nworkers: int, method: str, bar: Any) -> list[dict]:
+    from ..evaluation import prefetch
+
+    records, ours = [], [writer.describe()]
+    try:
+        workers = max(1, usable_cores() + nworkers) if nworkers <= 0 else nworkers
+        with prefetch(writer, nworkers=workers, method=method, max_buffered=2 * workers) as p:  # all busy
+            ours.append(p.describe())
+            for rec in p:
+                records.append(rec)
+                if bar is not None:
+                    bar.update(rec["stop"] - rec["start"])
+    except EvaluationError as e:
+        cause = e.__cause__
+        if isinstance(cause, fmt.SchemaError):  # raised as it is: it names the items
+            raise fmt.SchemaError(str(cause)) from None
+        notes = getattr(e, "__notes__", [])
+        while notes and any(notes[-1].endswith(f" of {d}") for d in ours):  # the user's pipeline's notes stay
+            notes.pop()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    return records
+
+
+def save(seq: Any, path: str | os.PathLike, *, nworkers: int = 0, method: str = "process",
+         shard_bytes: int = 256 * 2**20, overwrite: bool = False, progress: bool | None = None,
+         allow_pickle: bool = False, fingerprint: str | None = None) -> None:
+    """Evaluate every item of the finite sequence ``seq`` and write them to the directory ``path``.
+
+    Read it back with :func:`lazyseq.load`. Items are nested tuples, lists, dicts and namedtuples
+    of numpy arrays and scalars, Python numbers, ``str``, ``bytes`` and ``None``; other objects
+    are pickled with ``allow_pickle=True``, refused otherwise. Fields of the same shape in every
+    item of a shard are stored as one fixed-stride array, others as flat data with offsets.
+
+    - ``nworkers``, ``method``: the workers that evaluate and write the shards, as for
+      :func:`lazyseq.prefetch` (``0``: every usable core); each holds one shard in memory.
+    - ``shard_bytes``: about how large each shard file is (items per shard are estimated first).
+    - ``overwrite``: replace a finished store at ``path``, once the new one is complete.
+    - ``progress``: a tqdm bar; ``None`` shows one when stderr is a terminal.
+    - ``fingerprint``: a string of the caller's (a config hash) that a resumed save must match.
+
+    An interrupted save (Ctrl-C, a killed worker, an item that raises: :class:`EvaluationError`)
+    resumes when run again: the shards already written are checked and kept.
+
+    >>> import lazyseq, tempfile, os
+    >>> d = tempfile.mkdtemp()
+    >>> lazyseq.save([{'x': np.arange(3) * i, 'y': str(i)} for i in range(5)], os.path.join(d, 's'), method='thread')
+    >>> lazyseq.load(os.path.join(d, 's'))[2]
+    {'x': array([0, 2, 4]), 'y': '2'}
+    """
+    if method not in ("thread", "process"):
+        raise ValueError(f"lazyseq.save: method must be 'thread' or 'process', got {method!r}")
+    if shard_bytes < 1:
+        raise ValueError(f"lazyseq.save: shard_bytes must be >= 1, got {shard_bytes}")
+    n = length(seq)
+    if n is None:
+        raise TypeError("lazyseq.save: the sequence must be finite, with a len()")
+    dest = os.path.abspath(os.fspath(path))
+    _check_dest(dest, overwrite)
+    root = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.lazyseq-partial")
+    with _locked(root):
+        ref, per_shard = _plan(seq, n, shard_bytes, allow_pickle) if n else ((None, []), 1)
+        per_shard = _job(root, n, ref, per_shard, fingerprint, overwrite, dest)
+        for d in (root, os.path.join(root, fmt.PROGRESS)):  # what a killed writer left half written
+            for name in os.listdir(d):
+                if name.endswith(".tmp"):
+                    os.remove(os.path.join(d, name))
+        writer = ShardWriter(seq, root, n, per_shard, ref, allow_pickle)
+        records = _run(writer, nworkers, method, _progress_bar(progress, n, dest)) if n else []
+        for rec in records:
+            rec.pop("resumed", None)
+        manifest = {"format": fmt.FORMAT, "version": fmt.VERSION, "length": n, "per_shard": per_shard,
+                    "structure": ref[0], "fields": _summary(ref[1], records), "fingerprint": fingerprint,
+                    "shards": records}
+        keep = {r["file"] for r in records}
+        for name in os.listdir(root):  # other attempts at a shard, and shards of an earlier layout
+            if (name.endswith(".bin") and name not in keep) or name.endswith(".tmp"):
+                os.remove(os.path.join(root, name))
+        fmt.write_json_atomic(os.path.join(root, fmt.MANIFEST), manifest)
+        _check_dest(dest, overwrite)  # another save may have finished there meanwhile
+        _swap(root, dest)
+
+
+def _summary(fields: list[dict], records: list[dict]) -> list[dict]:
+    """The fields, each with ``shape``: the same in every item, or None (variable)."""
+    out = []
+    for k, f in enumerate(fields):
+        shapes = {tuple(r["fields"][k]["shape"]) if "shape" in r["fields"][k] else None for r in records}
+        shape = None
+        if f["kind"] == "array" and len(shapes) == 1 and None not in shapes:
+            shape = list(shapes.pop())
+        elif f["kind"] not in ("array", *fmt.BYTES_LIKE):
+            shape = []
+        out.append({**f, "shape": shape})
+    return out

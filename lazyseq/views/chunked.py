@@ -1,0 +1,362 @@
+"""Datasets stored in many chunk files: chunks (one flat view over them, a few chunks in memory)
+and block_shuffle (an epoch order that reads a few whole blocks at a time)."""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import itertools
+import operator
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..base import Remap, View
+from ..helpers import fname
+from ..node import Failed, into, length
+
+__all__ = ["chunks", "block_shuffle"]
+
+# A forked child inherits a chunk cache and, maybe, a lock some thread held at the fork: views
+# notice the fork (a counter, cheaper than os.getpid() on every read) and start afresh.
+_forks = [0]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
+
+_WAIT = 1.0  # seconds between checks while another thread decodes the chunk we need
+
+
+# -- chunks ----------------------------------------------------------------------------------------
+class Chunks(View):
+    def __init__(self, paths: Sequence, read: Callable[[Any], Sequence], lengths: Sequence[int] | None,
+                 cache: int):
+        if isinstance(paths, (str, bytes, os.PathLike)):
+            raise TypeError("chunks: paths must be a sequence of paths, got a single path; use [path]")
+        self.paths = tuple(paths)
+        if not callable(read):
+            raise TypeError(f"chunks: read must be callable (read(path) -> sequence of samples), got {type(read).__name__}")
+        self.read, self.cache = read, operator.index(cache)
+        if self.cache < 1:
+            raise ValueError(f"chunks: cache must be >= 1 (chunks held in memory), got {cache}")
+        if lengths is None:
+            self._lens: list[int | None] = [None] * len(self.paths)
+        else:
+            self._lens = [operator.index(n) for n in lengths]
+            if len(self._lens) != len(self.paths) or any(n < 0 for n in self._lens):
+                raise ValueError(f"chunks: lengths must hold one count >= 0 per path ({len(self.paths)} paths), "
+                                 f"got {len(self._lens)} counts{' (some negative)' if any(n < 0 for n in self._lens) else ''}")
+        self._setup()
+
+    def _setup(self) -> None:
+        self._lock = threading.Lock()
+        self._done = threading.Condition(self._lock)  # a decode finished (or failed)
+        self._held: OrderedDict[int, Sequence] = OrderedDict()  # chunk -> samples, least recently used first
+        self._pending: set[int] = set()  # chunks being decoded by some thread
+        self._last: tuple[int, Sequence | None] = (-1, None)  # the most recently used chunk: a read without the lock
+        self._count = threading.Lock()  # one thread counts the chunks' lengths
+        self._fork = _forks[0]
+        self._starts: list[int] | None = None  # first index of every chunk, once every length is known
+        if None not in self._lens:
+            self._index()
+
+    def __getstate__(self) -> dict:  # small: the cache stays in this process
+        return {"paths": self.paths, "read": self.read, "cache": self.cache, "_lens": self._lens}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._setup()
+
+    def _fresh(self) -> None:
+        """In a forked child, start afresh: the parent's chunks are not ours, and its locks may be held."""
+        if self._fork != _forks[0]:
+            self._setup()
+
+    def _index(self) -> None:
+        self._starts = list(itertools.accumulate(self._lens[:-1], initial=0)) if self._lens else []
+        self._n = sum(self._lens)
+
+    # -- the cache -------------------------------------------------------------------------------
+    def _chunk(self, k: int) -> Sequence:
+        """The samples of chunk ``k``: from the cache, from another thread decoding it, or read here."""
+        self._fresh()
+        with self._lock:
+            while True:
+                data = self._held.get(k)
+                if data is not None:
+                    self._held.move_to_end(k)
+                    self._last = (k, data)
+                    return data
+                if k not in self._pending:
+                    break
+                self._done.wait(_WAIT)
+            self._pending.add(k)
+            # Make room first, so decoded chunks plus the one being decoded stay within `cache`.
+            while self._held and len(self._held) + len(self._pending) > self.cache:
+                self._evict()
+        data = None
+        try:
+            data = self._decode(k)
+            return data
+        finally:
+            with self._lock:
+                self._pending.discard(k)
+                if data is not None:
+                    while len(self._held) + len(self._pending) >= self.cache and self._held:
+                        self._evict()
+                    self._held[k] = data
+                    self._last = (k, data)
+                self._done.notify_all()
+
+    def _evict(self) -> None:  # the least recently used chunk (with the lock held)
+        k, _ = self._held.popitem(last=False)
+        if self._last[0] == k:
+            self._last = (-1, None)
+
+    def _decode(self, k: int) -> Sequence:
+        path = self.paths[k]
+        try:
+            data = self.read(path)
+        except Exception as e:
+            e.add_note(f"while reading chunk {k} ({path!r}) of {self.describe()}")
+            raise
+        if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
+            raise TypeError(f"{self.describe()}: read({path!r}) returned a {type(data).__name__}, not a sequence "
+                            "of samples (return a list, an array or a view)")
+        n, want = len(data), self._lens[k]
+        if want is None:
+            self._lens[k] = n
+        elif n != want:
+            raise ValueError(f"{self.describe()}: read({path!r}) returned {n} samples but lengths[{k}] is {want}: "
+                             "fix lengths (or the file), or pass lengths=None to count them")
+        return data
+
+    def held(self) -> list[int]:
+        """The chunks in memory now, least recently used first."""
+        self._fresh()
+        with self._lock:
+            return list(self._held)
+
+    # -- lengths ---------------------------------------------------------------------------------
+    def _counted(self) -> list[int]:
+        if self._starts is None:
+            self._fresh()
+            with self._count:  # one thread reads the uncounted chunks; the others wait for it
+                if self._starts is None:
+                    for k, n in enumerate(self._lens):
+                        if n is None:
+                            self._chunk(k)
+                    self._index()
+        return self._starts  # type: ignore[return-value]
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """The number of samples in every chunk (counting them reads the chunks not counted yet)."""
+        self._counted()
+        return tuple(self._lens)  # type: ignore[arg-type]
+
+    @property
+    def cuts(self) -> list[int]:
+        """The index where each chunk after the first starts (``block_shuffle``'s block form)."""
+        return self._counted()[1:]
+
+    def _len(self) -> int:
+        if self._starts is None:
+            self._counted()
+        return self._n
+
+    # -- reads -----------------------------------------------------------------------------------
+    def _where(self, i: int) -> tuple[int, int]:
+        starts = self._starts if self._starts is not None else self._counted()
+        k = bisect.bisect_right(starts, i) - 1  # past empty chunks, which start where the next one does
+        return k, i - starts[k]
+
+    def _get(self, i: int) -> Any:
+        k, j = self._where(i)
+        last = self._last
+        if last[0] == k and self._fork == _forks[0]:  # a run of reads in one chunk takes no lock
+            return last[1][j]  # type: ignore[index]
+        del last  # not held while another chunk is decoded
+        return self._chunk(k)[j]
+
+    def _grouped(self, idx: Sequence[int], past_failures: bool) -> list:
+        """Read every chunk once for all its items in ``idx``: the chunks in memory first, then the
+        others in order of first appearance."""
+        where = [self._where(i) for i in idx]
+        parts: dict[int, list[int]] = {}
+        for at, (k, _) in enumerate(where):
+            parts.setdefault(k, []).append(at)
+        self._fresh()
+        with self._lock:
+            held = set(self._held)
+        out: list = [None] * len(idx)
+        for k in sorted(parts, key=lambda k: k not in held):  # held chunks first, before evictions
+            ats = parts[k]
+            try:
+                data = self._chunk(k)
+            except Exception as e:
+                if not past_failures:
+                    raise
+                for at in ats:
+                    out[at] = Failed(e)
+                continue
+            for at in ats:
+                out[at] = data[where[at][1]]
+            data = None  # not held while the next chunk is decoded: the cache bound holds
+        return out
+
+    def _get_many(self, idx: Sequence[int]) -> list:
+        return self._grouped(idx, False)
+
+    def _get_each(self, idx: Sequence[int], out: list | None = None) -> list:
+        return into(out, self._grouped(idx, True))
+
+    def describe(self) -> str:
+        return f"chunks({fname(self.read)}, {len(self.paths)} files, cache={self.cache})"
+
+
+def chunks(paths: Sequence, read: Callable[[Any], Sequence], lengths: Sequence[int] | None = None,
+           cache: int = 2) -> View:
+    """The samples of many chunk files as one flat sequence; ``read(path)`` returns a chunk's samples.
+
+    At most ``cache`` chunks are in memory (the least recently used goes first; a chunk being
+    decoded counts), so a dataset far larger than memory reads with bounded memory. Threads share
+    the cache, and a chunk that one thread is decoding is not decoded again by another: it waits.
+    ``lengths`` (one count per path) saves counting: without it, the first ``len`` (or read)
+    reads every chunk once to count its samples. ``.lengths`` and ``.cuts`` (where each chunk
+    after the first starts, for :func:`block_shuffle`) give the layout. A copy (a pickle sent to
+    a worker, a forked worker) starts with an empty cache: each process holds its own chunks.
+
+    >>> import lazyseq
+    >>> files = {'a': [0, 1, 2], 'b': [3, 4], 'c': [5, 6, 7, 8]}
+    >>> data = lazyseq.chunks(['a', 'b', 'c'], files.__getitem__, cache=1)
+    >>> len(data), data[4], data.lengths, data.cuts
+    (9, 4, (3, 2, 4), [3, 5])
+    >>> data.held()  # chunk 2 was read last while counting; chunk 1 replaced it
+    [1]
+    """
+    return Chunks(paths, read, lengths, cache)
+
+
+# -- block_shuffle ---------------------------------------------------------------------------------
+def _rng(*key: Any) -> np.random.Generator:
+    digest = hashlib.blake2b(":".join(map(str, ("lazyseq.block_shuffle", *key))).encode(), digest_size=16).digest()
+    return np.random.Generator(np.random.PCG64(int.from_bytes(digest, "little")))
+
+
+def _bounds(block: Any, n: int) -> np.ndarray:
+    """The first index of every non-empty block, and ``n``: ``[s0, s1, ..., n]``."""
+    if isinstance(block, (int, np.integer)) and not isinstance(block, bool):
+        size = int(block)
+        if size < 1:
+            raise ValueError(f"block_shuffle: block must be >= 1 items, got {block}")
+        return np.append(np.arange(0, n, size, dtype=np.int64), n)
+    if isinstance(block, (str, bytes)) or not hasattr(block, "__len__"):
+        raise TypeError(f"block_shuffle: block must be an int (items per block) or a sequence of cut points "
+                        f"(where each block after the first starts), got {type(block).__name__}")
+    try:
+        cuts = np.array([operator.index(c) for c in block], dtype=np.int64)
+    except TypeError:
+        raise TypeError("block_shuffle: cut points must be ints") from None
+    if len(cuts) and (cuts[0] < 0 or cuts[-1] > n):
+        bad = int(cuts[0]) if cuts[0] < 0 else int(cuts[-1])
+        raise ValueError(f"block_shuffle: cut point {bad} is out of range for a sequence of {n} items (0..{n})")
+    down = np.flatnonzero(np.diff(cuts) < 0)
+    if len(down):
+        k = int(down[0])
+        raise ValueError(f"block_shuffle: cut points must increase, got {int(cuts[k])} then {int(cuts[k + 1])} "
+                         f"(at positions {k} and {k + 1})")
+    return np.unique(np.concatenate(([0], cuts, [n])))  # repeated cuts (empty chunks) make no block
+
+
+class BlockShuffle(Remap):
+    def __init__(self, seq: Any, block: Any, seed: int | None, epoch: int, window: int):
+        self._bind(seq, "block_shuffle")
+        n = length(seq)
+        if n is None:
+            raise TypeError("block_shuffle: the sequence has no len(); only finite sequences can be shuffled")
+        self.seed = int.from_bytes(os.urandom(8), "little") if seed is None else operator.index(seed)
+        self.epoch, self.window = operator.index(epoch), operator.index(window)
+        if self.window < 1:
+            raise ValueError(f"block_shuffle: window must be >= 1 blocks, got {window}")
+        self._n = n
+        bounds = _bounds(block, n)
+        order = _rng(self.seed, self.epoch).permutation(len(bounds) - 1)
+        self._first = bounds[:-1][order]  # the blocks in epoch order: first index and size
+        self._size = np.diff(bounds)[order]
+        group_sizes = np.add.reduceat(self._size, np.arange(0, len(order), self.window)) if len(order) else []
+        self._gstarts = list(itertools.accumulate(map(int, group_sizes), initial=0))[:-1]
+        self._recent: tuple = ()  # ((group, source indices), ...): the last two groups read
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_recent"} | {"_recent": ()}
+
+    @property
+    def blocks(self) -> int:
+        return len(self._first)
+
+    def _len(self) -> int:
+        return self._n
+
+    def _group(self, g: int) -> np.ndarray:
+        """The source index of every item of group ``g``, in epoch order (computed once per group)."""
+        for h, src in self._recent:
+            if h == g:
+                return src
+        lo, hi = g * self.window, (g + 1) * self.window
+        src = np.concatenate([np.arange(f, f + s, dtype=np.int64) for f, s in zip(self._first[lo:hi], self._size[lo:hi])])
+        _rng(self.seed, self.epoch, g).shuffle(src)
+        self._recent = ((g, src), *self._recent[:1])  # one assignment: readers in other threads see either
+        return src
+
+    def _map(self, i: int) -> int:  # i is valid: View checked it
+        g = bisect.bisect_right(self._gstarts, i) - 1
+        return int(self._group(g)[i - self._gstarts[g]])
+
+    def _map_many(self, idx: Sequence[int]) -> list[int]:
+        if len(idx) < 16:
+            return [self._map(i) for i in idx]
+        x = np.asarray(idx, dtype=np.int64)
+        if len(x) and (x.min() < 0 or x.max() >= self._n):
+            bad = int(x[(x < 0) | (x >= self._n)][0])
+            raise IndexError(f"index {bad} out of range for {self.describe()} of length {self._n}")
+        g = np.searchsorted(np.asarray(self._gstarts, dtype=np.int64), x, side="right") - 1
+        out = np.empty_like(x)
+        for h in dict.fromkeys(g.tolist()):  # groups in order of first appearance
+            at = g == h
+            out[at] = self._group(h)[x[at] - self._gstarts[h]]
+        return out.tolist()
+
+    def order(self) -> list[int]:
+        """The source index of every item: ``[source index of item 0, of item 1, ...]``."""
+        return self._map_many(range(self._n))
+
+    def describe(self) -> str:
+        return f"block_shuffle({self.blocks} blocks, window={self.window}, seed={self.seed}, epoch={self.epoch})"
+
+
+def block_shuffle(seq: Any, block: int | Sequence[int], seed: int | None, epoch: int = 0, window: int = 8) -> View:
+    """A shuffle for data on slow storage: whole blocks in a random order, items shuffled within
+    each group of ``window`` consecutive blocks, so reading in order works through ``window``
+    blocks at a time.
+
+    ``block`` is an int (blocks of that many consecutive items, the last one shorter) or the cut
+    points: the index where each block after the first starts (``chunks(...).cuts`` gives one
+    block per chunk file). Every item comes once per epoch; the order is fixed by
+    ``(seed, epoch)`` and differs between epochs (``seed=None`` draws a seed once, kept in
+    ``.seed``). Reads are O(log groups); the order within a group is computed when the group is
+    first read (O(group size)) and the last two groups' orders are kept.
+
+    >>> import lazyseq
+    >>> s = lazyseq.block_shuffle(range(12), 3, seed=0, window=2)
+    >>> sorted(s) == list(range(12)), list(s) == list(lazyseq.block_shuffle(range(12), 3, seed=0, window=2))
+    (True, True)
+    >>> list(s)  # blocks 3 and 2 (items 6..11) shuffled together, then blocks 1 and 0
+    [11, 6, 9, 7, 10, 8, 3, 4, 0, 1, 2, 5]
+    >>> list(lazyseq.block_shuffle(range(6), [2, 5], seed=4, window=1))  # blocks [0, 1], [2, 3, 4], [5]
+    [4, 2, 3, 5, 0, 1]
+    """
+    return BlockShuffle(seq, block, seed, epoch, window)
