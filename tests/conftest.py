@@ -6,6 +6,23 @@ import pytest
 
 import lazyseq
 
+SOAK_EPOCHS, QUICK_EPOCHS = 200, 30  # epochs per loader in tests/test_soak.py: with --soak, without
+
+
+def pytest_addoption(parser):
+    parser.addoption("--soak", action="store_true",
+                     help=f"tests/test_soak.py: run {SOAK_EPOCHS} epochs per loader (default {QUICK_EPOCHS})")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "soak: a leak test whose length --soak sets (the soak_epochs fixture)")
+
+
+@pytest.fixture
+def soak_epochs(request) -> int:
+    """Epochs a soak test runs after its warm-up: 200 with --soak, 30 otherwise (CI included)."""
+    return SOAK_EPOCHS if request.config.getoption("--soak") else QUICK_EPOCHS
+
 
 @pytest.fixture(autouse=True)
 def _doctest_names(doctest_namespace):

@@ -8,7 +8,8 @@ import json
 import sys
 
 SCENARIOS = {"views": "lazyseq.bench.views", "prefetch": "lazyseq.bench.prefetch", "tensor": "lazyseq.bench.tensor",
-             "dataloader": "lazyseq.bench.dataloader", "store": "lazyseq.bench.store"}
+             "dataloader": "lazyseq.bench.dataloader", "store": "lazyseq.bench.store",
+             "memory": "lazyseq.bench.memory"}
 
 
 def main(argv: list[str] | None = None) -> int:
