@@ -17,6 +17,7 @@ from .views.chunked import block_shuffle, chunks
 from .views.faults import Skip, on_error
 from .views.indexing import arange, case, cycle, gather, interleave, repeat, switch, take, uniter
 from .views.mapping import smap, starmap
+from .views.mixing import mix
 from .views.order import shard, shuffle
 from .views.shape import Pad, batch, collate, concatenate, split, unbatch
 
@@ -31,4 +32,5 @@ __all__ = [
     "smap", "split", "starmap", "switch", "take", "unbatch", "uniter",
     "Skip", "block_shuffle", "chunks", "on_error",
     "SerializableFunc",
+    "mix",
 ]

@@ -1,9 +1,16 @@
-"""Views that apply a function to every item: smap, starmap."""
+"""Views that apply a function to every item: smap, starmap; with a seed, each item gets its own
+random generator, a pure function of (seed, index)."""
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
+from numpy.random.bit_generator import ISpawnableSeedSequence
 
 from ..base import View
 from ..errors import wrap_error
@@ -93,11 +100,150 @@ class Map(View):
         return f"{'starmap' if self.star else 'smap'}({fname(self.f)})"
 
 
-def smap(f: Callable, *seqs: Any) -> View:
+# -- per-item randomness ----------------------------------------------------------------------------
+def check_seed(seed: Any, where: str) -> tuple[int, ...]:
+    """``seed`` (an int >= 0, or a non-empty tuple or list of them) as a tuple of ints."""
+    parts = tuple(seed) if isinstance(seed, (tuple, list)) else (seed,)
+    if not parts:
+        raise ValueError(f"{where}: seed must be an int >= 0 or a non-empty tuple of them, got {seed!r}")
+    for s in parts:
+        if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)):
+            raise TypeError(f"{where}: seed must be an int >= 0 or a tuple of them (e.g. (seed, epoch)), "
+                            f"got {type(s).__name__} {s!r}")
+        if s < 0:
+            raise ValueError(f"{where}: seed must be >= 0, got {int(s)}")
+    return tuple(int(s) for s in parts)
+
+
+def seed_key(tag: str, seed: tuple[int, ...]) -> bytes:
+    """The 32-byte key of one view's random streams: a pure function of ``(tag, seed)``."""
+    return hashlib.blake2b(f"lazyseq.{tag}:{seed}".encode(), digest_size=32).digest()
+
+
+_LITTLE = sys.byteorder == "little"
+_blake2b = hashlib.blake2b
+_WORDS = {t: (np.dtype(c), int(c[-1])) for t, c in
+          [(np.uint32, "<u4"), (np.uint64, "<u8"), (np.dtype(np.uint32), "<u4"), (np.dtype(np.uint64), "<u8")]}
+
+
+class ItemSeed(ISpawnableSeedSequence):
+    """The seed of stream ``i`` of a view: blake2b of ``i`` keyed with the view's key.
+
+    numpy's ``SeedSequence([*seed, i])`` would do, but costs ~20 us per item; one keyed hash is
+    ~1 us. Streams of different ``i`` are independent as far as a 256-bit hash can tell, which is
+    what ``SeedSequence`` offers too. ``spawn`` hands out ``SeedSequence`` children, so
+    ``rng.spawn(n)`` works inside ``f``."""
+
+    __slots__ = ("key", "i", "n_children_spawned")
+
+    def __init__(self, key: bytes, i: int):
+        self.key, self.i, self.n_children_spawned = key, i, 0
+
+    def _digest(self, size: int) -> bytes:
+        i = self.i
+        try:
+            data = i.to_bytes(16, "little")
+        except OverflowError:  # an index past 2**128 (of an infinite view): more bytes, still one-to-one
+            data = i.to_bytes((i.bit_length() + 7) // 8, "little")
+        return _blake2b(data, key=self.key, digest_size=size).digest()
+
+    def generate_state(self, n_words: int, dtype: Any = np.uint32) -> np.ndarray:
+        word = _WORDS.get(dtype)
+        if word is None:
+            raise TypeError(f"ItemSeed.generate_state: dtype must be uint32 or uint64, got {dtype}")
+        size = n_words * word[1]
+        if size > 64:  # more than one digest holds: let numpy's SeedSequence expand one
+            return np.random.SeedSequence(int.from_bytes(self._digest(32), "little")).generate_state(n_words, dtype)
+        words = np.frombuffer(self._digest(size), word[0])
+        return words if _LITTLE else words.astype(dtype)
+
+    def spawn(self, n_children: int) -> list[np.random.SeedSequence]:
+        root, first = int.from_bytes(self._digest(32), "little"), self.n_children_spawned
+        self.n_children_spawned += n_children
+        return [np.random.SeedSequence(root, spawn_key=(first + c,)) for c in range(n_children)]
+
+
+def item_rng(key: bytes, i: int) -> np.random.Generator:
+    """Stream ``i`` of the view whose key is ``key`` (see :func:`seed_key`): a PCG64 generator."""
+    return np.random.Generator(np.random.PCG64(ItemSeed(key, i)))
+
+
+def _takes_rng(f: Callable) -> bool:
+    """False when ``f``'s signature is known and has no ``rng`` keyword (nor ``**kwargs``)."""
+    try:
+        params = inspect.signature(f).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: let the call decide
+        return True
+    return any(p.kind is p.VAR_KEYWORD or (p.name == "rng" and p.kind is not p.POSITIONAL_ONLY) for p in params)
+
+
+class SeededMap(Map):
+    """``f(*items, rng=g)``: ``g`` is item ``i``'s own generator, a pure function of ``(seed, i)``."""
+
+    def __init__(self, f: Callable, *seqs: Any, star: bool = False, seed: Any):
+        super().__init__(f, *seqs, star=star)
+        name = "starmap" if star else "smap"
+        parts = check_seed(seed, name)
+        if not _takes_rng(f):
+            raise TypeError(f"{name}: with a seed, f is called as f(..., rng=generator), but "
+                            f"{fname(f)} takes no rng keyword; add one (def {fname(f)}(..., rng): ...)")
+        self.seed = parts if isinstance(seed, (tuple, list)) else parts[0]
+        self._seedkey = seed_key("smap", parts)
+
+    def _call(self, i: int, args: Any) -> Any:
+        rng = np.random.Generator(np.random.PCG64(ItemSeed(self._seedkey, i)))
+        try:
+            return self.f(*args, rng=rng)
+        except Exception as e:
+            raise wrap_error(e, i, self)  # noqa: B904
+
+    def _get(self, i: int) -> Any:
+        if self.src is not None:
+            x = self._rds[0](i)
+            return self._call(i, x if self.star else (x,))
+        return self._call(i, [r(i) for r in self._rds])
+
+    def _get_many(self, idx: Sequence[int]) -> list:
+        call = self._call
+        if self.src is None:
+            return [call(i, args) for i, args in zip(idx, zip(*[read_many(s, idx) for s in self.seqs]))]
+        xs = self._rdm(idx)
+        if self.star:
+            return [call(i, x) for i, x in zip(idx, xs)]
+        return [call(i, (x,)) for i, x in zip(idx, xs)]
+
+    def _get_each(self, idx: Sequence[int], out: list | None = None) -> list:
+        if self.src is None:  # several sources: the default (bulk, then item by item if it fails)
+            return View._get_each(self, idx, out)
+        call, star = self._call, self.star
+        if out is None:
+            out = []
+        add = out.append
+        for i, x in zip(idx, read_each(self.src, idx)):
+            if type(x) is Failed:
+                add(x)
+                continue
+            try:
+                add(call(i, x if star else (x,)))
+            except Exception as e:  # already wrapped by _call
+                add(Failed(e))
+        return out
+
+    def describe(self) -> str:
+        return f"{'starmap' if self.star else 'smap'}({fname(self.f)}, seed={self.seed!r})"
+
+
+def smap(f: Callable, *seqs: Any, seed: Any = None) -> View:
     """Map ``f`` over the items of one or more sequences, lazily: ``[f(*x) for x in zip(*seqs)]``.
 
     Items are computed each time they are read (add :func:`add_cache` to keep them). With several
     sequences the length is the shortest one's, as with ``zip``.
+
+    With ``seed`` (an int >= 0 or a tuple of them, e.g. ``(seed, epoch)``), ``f`` is called as
+    ``f(*x, rng=g)``: ``g`` is a ``numpy.random.Generator`` of item ``i``'s own, a pure function
+    of ``(seed, i)``, so an item gets the same random numbers whoever reads it, in any order, in
+    any worker. ``i`` is this view's index: put the epoch in the seed, or map after the epoch's
+    shuffle, to draw anew every epoch.
 
     >>> import lazyseq
     >>> m = lazyseq.smap(lambda x: x + 2, [1, 2, 3, 4])
@@ -105,15 +251,23 @@ def smap(f: Callable, *seqs: Any) -> View:
     (3, 6, [3, 4, 5, 6])
     >>> list(lazyseq.smap(max, [1, 5, 3], [4, 2, 6]))
     [4, 5, 6]
+    >>> noisy = lazyseq.smap(lambda x, rng: x + rng.integers(100), [0, 1000, 2000], seed=7)
+    >>> list(noisy) == list(noisy) == [noisy[0], noisy[1], noisy[2]]
+    True
     """
-    return Map(f, *seqs)
+    return Map(f, *seqs) if seed is None else SeededMap(f, *seqs, seed=seed)
 
 
-def starmap(f: Callable, seq: Any) -> View:
+def starmap(f: Callable, seq: Any, seed: Any = None) -> View:
     """Map ``f`` over a sequence of argument tuples: ``[f(*args) for args in seq]``, lazily.
+
+    With ``seed``, ``f(*args, rng=g)`` as in :func:`smap`.
 
     >>> import lazyseq
     >>> list(lazyseq.starmap(pow, [(2, 3), (3, 2)]))
     [8, 9]
+    >>> jitter = lazyseq.starmap(lambda a, b, rng: a * b + rng.random(), [(2, 3), (3, 2)], seed=(1, 0))
+    >>> [round(x) for x in jitter] in ([6, 6], [6, 7], [7, 6], [7, 7])
+    True
     """
-    return Map(f, seq, star=True)
+    return Map(f, seq, star=True) if seed is None else SeededMap(f, seq, star=True, seed=seed)

@@ -1,0 +1,293 @@
+"""Mixtures: ``mix(seqs, weights)``, items taken from several sources in fixed proportions.
+
+The order is a rule, not a table: how many of the first ``n`` items come from each source is
+computed from ``n`` in O(number of sources), exactly (integer weights), so item ``i`` of a mix of
+any length costs the same to find. The rule splits the sources into a binary tree (Huffman's, on
+the weights) and rounds at every node: a node that has handed out ``m`` items has handed
+``round(m * w_left / (w_left + w_right))`` of them to its left child. Each rounding is off by at
+most 1/2, so a source's count after ``n`` items is within 1/2 of its share for two sources, within
+1 for three, and within ``1/2 * (1 + sum over its ancestors G below the root of w_k / w_G)`` in
+general, which Huffman's tree keeps below 2 (a node weighs at least twice its grandchild).
+With a seed, blocks of :data:`BLOCK` items keep the rule's sources and shuffle their order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import numbers
+import operator
+from collections.abc import Sequence
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from ..base import Routed, View
+from ..node import check_source, length, reader
+from .mapping import check_seed, item_rng, seed_key
+
+__all__ = ["mix", "BLOCK"]
+
+BLOCK = 64  # items per block of a seeded mix: proportions hold at the end of every block
+
+
+# -- weights -----------------------------------------------------------------------------------------
+def _exact(w: Any, k: int) -> Fraction:
+    """Weight ``k`` as an exact fraction; a float is read as the decimal it prints as (0.3 is 3/10)."""
+    if isinstance(w, (bool, np.bool_)) or not isinstance(w, (numbers.Real, Decimal)):
+        raise TypeError(f"mix: weights must be real numbers, got weights[{k}] = {w!r} ({type(w).__name__})")
+    if isinstance(w, (int, np.integer)):
+        q = Fraction(int(w))
+    elif isinstance(w, numbers.Rational):
+        q = Fraction(w.numerator, w.denominator)
+    elif isinstance(w, Decimal):
+        if not w.is_finite():
+            raise ValueError(f"mix: weights[{k}] is {w}; weights must be finite")
+        q = Fraction(w)
+    else:
+        f = float(w)
+        if not math.isfinite(f):
+            raise ValueError(f"mix: weights[{k}] is {f}; weights must be finite")
+        q = Fraction(repr(f))
+    if q < 0:
+        raise ValueError(f"mix: weights[{k}] is {w}; weights must be >= 0")
+    return q
+
+
+def integer_weights(weights: Any, n: int) -> list[int]:
+    """``weights`` (``None``: equal) as integers in the same ratios, with no common factor."""
+    if weights is None:
+        return [1] * n
+    if isinstance(weights, (str, bytes, dict)) or not hasattr(weights, "__len__"):
+        raise TypeError(f"mix: weights must be a list of numbers, one per sequence, got {type(weights).__name__}")
+    if len(weights) != n:
+        raise ValueError(f"mix: {len(weights)} weights for {n} sequences; give one weight per sequence")
+    qs = [_exact(w, k) for k, w in enumerate(weights)]
+    if not any(qs):
+        raise ValueError(f"mix: the weights sum to zero ({list(weights)}); give at least one positive weight")
+    den = math.lcm(*(q.denominator for q in qs))
+    ints = [q.numerator * (den // q.denominator) for q in qs]
+    g = math.gcd(*ints)
+    return [a // g for a in ints]
+
+
+# -- the even interleaving ----------------------------------------------------------------------------
+class Rule:
+    """Which source each item of the even interleaving comes from, for integer weights ``a``.
+
+    ``tree`` is a source index (a leaf) or ``(left, right, 2 * a_left, a, 2 * a)`` (a node whose
+    leaves weigh ``a`` in all, ``a_left`` of it on the left); sources of weight 0 are left out."""
+
+    def __init__(self, a: Sequence[int]):
+        self.a, self.total = list(a), sum(a)
+        heap = [(w, k, k) for k, w in enumerate(self.a) if w > 0]  # (weight, tie-break, subtree)
+        heapq.heapify(heap)
+        order = len(self.a)
+        while len(heap) > 1:  # Huffman: join the two lightest subtrees
+            (wl, _, left), (wr, _, right) = heapq.heappop(heap), heapq.heappop(heap)
+            heapq.heappush(heap, (wl + wr, order, (left, right, 2 * wl, wl + wr, 2 * (wl + wr))))
+            order += 1
+        self.tree = heap[0][2]
+        self.paths: dict[int, list[tuple[int, int, int, bool]]] = {}
+        self._paths(self.tree, [])
+
+    def _paths(self, node: Any, path: list) -> None:
+        if type(node) is int:
+            self.paths[node] = path
+            return
+        left, right, al2, a, a2 = node
+        self._paths(left, [*path, (al2, a, a2, True)])
+        self._paths(right, [*path, (al2, a, a2, False)])
+
+    def source(self, n: int) -> tuple[int, int]:
+        """``(k, c)``: item ``n`` comes from source ``k``, which gave ``c`` of the first ``n`` items."""
+        node = self.tree
+        while type(node) is not int:
+            left, right, al2, a, a2 = node
+            c = (n * al2 + a) // a2  # how many of the node's first n items went left
+            if (n * al2 + al2 + a) // a2 > c:
+                node, n = left, c
+            else:
+                node, n = right, n - c
+        return node, n
+
+    def count(self, k: int, n: int) -> int:
+        """How many of the first ``n`` items come from source ``k``."""
+        if self.a[k] == 0:
+            return 0
+        for al2, a, a2, left in self.paths[k]:
+            c = (n * al2 + a) // a2
+            n = c if left else n - c
+        return n
+
+    def counts(self, n: int) -> list[int]:
+        """``count(k, n)`` for every source, in one pass over the tree."""
+        out, todo = [0] * len(self.a), [(self.tree, n)]
+        while todo:
+            node, m = todo.pop()
+            if type(node) is int:
+                out[node] = m
+                continue
+            left, right, al2, a, a2 = node
+            c = (m * al2 + a) // a2
+            todo += [(left, c), (right, m - c)]
+        return out
+
+    def first(self, k: int, t: int) -> int:
+        """The smallest ``n`` with ``count(k, n) >= t`` (source ``k`` has a positive weight)."""
+        if t <= 0:
+            return 0
+        lo, hi = 0, -(-(t + 2) * self.total // self.a[k])  # count(k, n) > n * share - 2
+        while self.count(k, hi) < t:  # (never taken: the bound holds; kept as a guard)
+            lo, hi = hi, 2 * hi
+        while hi - lo > 1:  # count(k, lo) < t <= count(k, hi)
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.count(k, mid) < t else (lo, mid)
+        return hi
+
+
+# -- the view ------------------------------------------------------------------------------------------
+class Mix(Routed):
+    def __init__(self, seqs: Sequence[Any], weights: Any, seed: Any, epoch: int, stop: Any):
+        if isinstance(seqs, dict) or not hasattr(seqs, "__iter__"):
+            raise TypeError(f"mix: seqs must be a list of sequences, got {type(seqs).__name__}")
+        self.seqs = tuple(check_source(s, "mix") for s in seqs)
+        if not self.seqs:
+            raise ValueError("mix: give at least one sequence to mix")
+        self._rds = tuple(reader(s) for s in self.seqs)
+        self._lens = [length(s) for s in self.seqs]  # None: endless (or of unknown size)
+        self.weights = integer_weights(weights, len(self.seqs))
+        self._rule = Rule(self.weights)
+        if isinstance(stop, (bool, np.bool_)) or not (stop in ("first", "all") or isinstance(stop, (int, np.integer))):
+            raise ValueError(f"mix: stop must be 'first', 'all' or a length (an int >= 0), got {stop!r}")
+        self.stop = stop if isinstance(stop, str) else operator.index(stop)
+        if isinstance(self.stop, int) and self.stop < 0:
+            raise ValueError(f"mix: stop must be 'first', 'all' or a length >= 0, got {stop}")
+        self._n = self._length()
+        if isinstance(epoch, (bool, np.bool_)) or not isinstance(epoch, (int, np.integer)):
+            raise TypeError(f"mix: epoch must be an int, got {type(epoch).__name__} {epoch!r}")
+        self.epoch = int(epoch)
+        self.seed, self._blockkey = None, None
+        if seed is not None:
+            parts = check_seed(seed, "mix")
+            self.seed = parts if isinstance(seed, (tuple, list)) else parts[0]
+            self._blockkey = seed_key("mix", (*parts, self.epoch))
+        self._blocks: dict[int, list[tuple[int, int]]] = {}
+
+    def _length(self) -> int:
+        rule, lens = self._rule, self._lens
+        live = [k for k, w in enumerate(self.weights) if w > 0]
+        if isinstance(self.stop, int):
+            n = self.stop
+        else:
+            finite = [k for k in live if lens[k] is not None]
+            if not finite:
+                raise ValueError(f"mix: every sequence with a positive weight is endless, so stop={self.stop!r} "
+                                 "never comes; give the length instead: stop=<int>")
+            if self.stop == "first":  # the longest mix that reads no sequence past its end
+                n = min(rule.first(k, lens[k] + 1) - 1 for k in finite)
+            else:  # the shortest mix that reads every sequence to its end
+                n = max(rule.first(k, lens[k]) for k in finite)
+        for k in live:
+            if lens[k] == 0 and rule.count(k, n):
+                raise ValueError(f"mix: sequence {k} is empty, but {rule.count(k, n)} of the {n} items "
+                                 f"should come from it (stop={self.stop!r}); give it weight 0 or drop it")
+        return n
+
+    def _len(self) -> int:
+        return self._n
+
+    def _where(self, i: int) -> tuple[int, int]:
+        if self._blockkey is None:
+            k, j = self._rule.source(i)
+        else:
+            b, r = divmod(i, BLOCK)
+            k, j = (self._blocks.get(b) or self._block(b))[r]
+        n = self._lens[k]
+        if n is not None and j >= n:  # stop='all' or a length: the source goes round again
+            j %= n
+        return k, j
+
+    def _block(self, b: int) -> list[tuple[int, int]]:
+        """Block ``b`` of a seeded mix: the rule's sources for its items, in a random order that
+        is a pure function of (seed, epoch, b), each with its index in its source."""
+        start = b * BLOCK
+        before, after = self._rule.counts(start), self._rule.counts(min(start + BLOCK, self._n))
+        layout = [k for k, (c0, c1) in enumerate(zip(before, after)) for _ in range(c1 - c0)]
+        table = []
+        for p in item_rng(self._blockkey, b).permutation(len(layout)).tolist():
+            k = layout[p]
+            table.append((k, before[k]))
+            before[k] += 1
+        if len(self._blocks) >= 16:  # threads reading different blocks each keep theirs a while
+            self._blocks.clear()
+        self._blocks[b] = table
+        return table
+
+    def where(self, i: int) -> tuple[int, int]:
+        """``(k, j)``: item ``i`` is item ``j`` of ``seqs[k]``.
+
+        >>> import lazyseq
+        >>> m = lazyseq.mix(['abc', 'xyz'])
+        >>> list(m), m.where(3), m.where(-1)
+        (['a', 'x', 'b', 'y', 'c', 'z'], (1, 1), (1, 2))
+        """
+        return self._where(self._key(operator.index(i)))
+
+    def counts(self, n: int | None = None) -> list[int]:
+        """How many of the first ``n`` items (all by default) come from each source, repeats of a
+        source that went round again included.
+
+        >>> import lazyseq
+        >>> lazyseq.mix([range(100), range(100)], weights=[3, 1], stop=8).counts()
+        [6, 2]
+        """
+        n = self._n if n is None else operator.index(n)
+        if not 0 <= n <= self._n:
+            raise ValueError(f"{self.describe()}.counts: n must be in [0, {self._n}], got {n}")
+        b, r = divmod(n, BLOCK)
+        if self._blockkey is None or r == 0:
+            return self._rule.counts(n)
+        out = self._rule.counts(b * BLOCK)
+        for k, _ in (self._blocks.get(b) or self._block(b))[:r]:
+            out[k] += 1
+        return out
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_blocks": {}}
+
+    def describe(self) -> str:
+        w = ":".join(map(str, self.weights))
+        if len(w) > 40:
+            w = ":".join(f"{a / self._rule.total:.3g}" for a in self.weights)
+        seed = "" if self.seed is None else f", seed={self.seed!r}, epoch={self.epoch}"
+        return f"mix({len(self.seqs)} sequences, weights={w}{seed}, stop={self.stop!r})"
+
+
+def mix(seqs: Sequence[Any], weights: Any = None, seed: Any = None, epoch: int = 0, stop: Any = "first") -> View:
+    """Items taken from several sequences in the proportions of ``weights`` (equal when None).
+
+    In every prefix of the mix, each sequence's count is within 1 of its share for two sequences
+    and within 2 for more. The ``j``-th item taken from a sequence is its item ``j`` (compose with
+    :func:`shuffle` for a random order within each). Without a seed the interleaving is even and
+    fixed; with a seed (an int >= 0 or a tuple of them), each block of :data:`BLOCK` items has the
+    same sources in a random order, a pure function of ``(seed, epoch)``.
+
+    ``stop='first'``: the longest mix that reads no sequence past its end; ``'all'``: the shortest
+    that reads every sequence to its end (those done earlier go round again); an int: that length
+    (every sequence goes round as often as needed). Sequences without ``len`` are endless. Weights
+    are exact: ints and Fractions as they are, a float as the decimal it prints as (0.3 is 3/10).
+    Writes go to the sequence the item comes from.
+
+    >>> import lazyseq
+    >>> ''.join(lazyseq.mix(['AAAAAA', 'bbb']))
+    'AbAbAbA'
+    >>> ''.join(lazyseq.mix(['AAAAAA', 'bbb'], weights=[2, 1], stop='all'))
+    'AbAAbAAbA'
+    >>> m = lazyseq.mix([range(0, 1000), range(1000, 2000)], weights=[0.75, 0.25], seed=0, epoch=3)
+    >>> len(m), m.counts(64), sorted(m[:64]) == [*range(48), *range(1000, 1016)]
+    (1334, [48, 16], True)
+    """
+    return Mix(seqs, weights, seed, epoch, stop)
