@@ -105,6 +105,7 @@ def test_a_result_that_does_not_unpickle_fails_only_its_own_item(ctx):
 
 # -- the fault matrix: exceptions, odd items, dead workers ----------------------------------------
 METHODS = [("thread", None), ("process", "fork"), ("process", "spawn")]
+ALL_METHODS = [*METHODS, ("process", "forkserver")]
 
 
 def mk(seq, method, ctx, **kw):
@@ -131,7 +132,7 @@ WHERE = {"first": lambda i: i == 0, "last": lambda i: i == N - 1, "one": lambda 
 
 
 @pytest.mark.parametrize("where", sorted(WHERE))
-@pytest.mark.parametrize("method,ctx", METHODS)
+@pytest.mark.parametrize("method,ctx", ALL_METHODS)
 def test_failing_items_fail_alone_in_order_and_at_random(method, ctx, where):
     bad = WHERE[where]
     order = list(range(N)) + [int(i) for i in np.random.default_rng(1).permutation(N)]
@@ -153,7 +154,7 @@ def _raises_base(i):
     return i
 
 
-@pytest.mark.parametrize("method,ctx", METHODS)
+@pytest.mark.parametrize("method,ctx", ALL_METHODS)
 def test_system_exit_and_keyboard_interrupt_in_an_item_fail_that_item_only(method, ctx):
     with mk(lazyseq.smap(_raises_base, range(30)), method, ctx) as p:
         for i in range(30):
@@ -222,7 +223,7 @@ def _slow(i):
 @pytest.mark.parametrize("when", ["busy", "idle", "holding"])
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
 def test_a_killed_worker_gives_worker_crashed_and_leaves_held_items_intact(when, sig):
-    p = mk(lazyseq.smap(_slow, range(10_000)), "process", "fork", shm_size=8 << 20)
+    p = mk(lazyseq.smap(_slow, range(10_000)), "process", "fork", shm_size=8 << 20, start_hook=_quiet)
     try:
         held = [p[i] for i in range(20)]
         if when == "idle":
@@ -239,6 +240,12 @@ def test_a_killed_worker_gives_worker_crashed_and_leaves_held_items_intact(when,
     finally:
         p.close()
     assert not any(_alive(pid) and _not_zombie(pid) for pid in p.worker_pids())
+
+
+def _quiet(worker):
+    import faulthandler
+
+    faulthandler.disable()  # pytest's handler would print every loaded module into the log on SIGSEGV
 
 
 def _not_zombie(pid):
@@ -275,3 +282,30 @@ def test_a_dataloader_resumes_after_a_crash_with_every_batch_once(workers, tmp_p
     rest = [list(b) for b in resumed]
     resumed.close()
     assert seen + rest == reference
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("at", [3, 7])
+def test_a_dataloader_resumes_after_ctrl_c_with_every_batch_once(workers, at):
+    kw = dict(batch_size=4, shuffle=True, seed=5, to_tensor=False, num_workers=workers)
+    data = lazyseq.smap(_slow_int, range(64))
+    reference = [list(b) for b in lazyseq.DataLoader(list(range(64)), **{**kw, "num_workers": 0})]
+    loader = lazyseq.DataLoader(data, **kw)
+    seen = []
+    with pytest.raises(KeyboardInterrupt):
+        for b in loader:
+            seen.append([int(x) for x in b])
+            if len(seen) == at:
+                os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: lands in the loop or inside the next read
+    state = loader.state_dict()
+    loader.close()
+    resumed = lazyseq.DataLoader(data, **kw)
+    resumed.load_state_dict(state)
+    rest = [[int(x) for x in b] for b in resumed]
+    resumed.close()
+    assert seen + rest == reference
+
+
+def _slow_int(i):
+    time.sleep(0.002)
+    return i
