@@ -706,3 +706,16 @@ def test_close_from_another_thread_stops_a_waiting_reader():
     t.join(5)
     assert time.monotonic() - start < 2.5 and not t.is_alive()
     assert got and isinstance(got[0], ls.PrefetchClosed)
+
+
+def test_a_prefetch_whose_arguments_fail_still_has_a_repr():
+    # a traceback prints the half-made object: its repr must not raise in turn
+    try:
+        ls.prefetch([1, 2], 2, "thread", shm_size=5)
+    except ValueError as e:
+        tb = e.__traceback__
+        while tb.tb_next:
+            tb = tb.tb_next
+        assert repr(tb.tb_frame.f_locals["self"]).startswith("prefetch(2 threads, max_buffered=10, shm_size=5)")
+    else:
+        raise AssertionError("shm_size with threads must be refused")

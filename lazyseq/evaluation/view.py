@@ -52,6 +52,8 @@ class Prefetch(View):
 
     def __init__(self, seq: Any, nworkers: int, method: str, max_buffered: int, start_hook: Callable | None,
                  shm_size: int, mp_context: Any, timeout: float | None, lazy_start: bool):
+        # what describe() shows, first: a traceback prints this object even if a check below fails
+        self.method, self.max_buffered, self.shm_size, self.nworkers = method, max_buffered, shm_size, nworkers
         self.src = check_source(seq, "prefetch")
         if method not in BACKENDS:
             raise ValueError(f"prefetch: method must be one of {sorted(BACKENDS)}, got {method!r}")
@@ -66,8 +68,7 @@ class Prefetch(View):
         if isinstance(mp_context, str) or mp_context is None:
             mp_context = multiprocessing.get_context(mp_context)
         self.nworkers = max(1, usable_cores() + nworkers) if nworkers <= 0 else nworkers
-        self.method, self.max_buffered, self.start_hook = method, max_buffered, start_hook
-        self.shm_size, self.mp_context, self.timeout = shm_size, mp_context, timeout
+        self.start_hook, self.mp_context, self.timeout = start_hook, mp_context, timeout
         self.finite = is_finite(seq)
         self._setup()
         if not lazy_start:
