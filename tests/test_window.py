@@ -64,9 +64,6 @@ class FakeBackend:
     def started(self, job_id):
         return True
 
-    def behind(self, job_id):
-        return False
-
     def where(self, job_id):
         return None
 

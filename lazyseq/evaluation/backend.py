@@ -84,9 +84,6 @@ class Backend(Protocol):
     def started(self, job_id: int) -> bool:
         """Whether the worker that has the job is up (a start-up is no sign of a slow item)."""
 
-    def behind(self, job_id: int) -> bool:
-        """Whether the job waits behind a given-up job on its worker (which may be stuck)."""
-
     def where(self, job_id: int) -> tuple[int | None, float] | None:
         """Where the job's worker is: the index of the item of this job it computes now (None:
         it is still in an earlier job), and since when it has made no progress (a monotonic

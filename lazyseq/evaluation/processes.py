@@ -333,13 +333,6 @@ class ProcessBackend:
             return None, self.heard[k]  # it waits behind another job of its worker
         return job.indices[job.done], self.heard[k]
 
-    def behind(self, job_id: int) -> bool:
-        """Whether the job waits on a worker that has an abandoned job before it (which may be slow
-        or stuck: nothing else would make the reader wait for it)."""
-        job = self.outstanding.get(job_id)
-        return job is not None and any(a < job_id and self.outstanding[a].worker == job.worker
-                                       for a in self.abandoned)
-
     def chunk_cap(self, item_bytes: float) -> int | None:
         if not self.pool.nslots or item_bytes <= 0:
             return None

@@ -112,9 +112,6 @@ class ThreadBackend:
     def started(self, job_id: int) -> bool:
         return True
 
-    def behind(self, job_id: int) -> bool:  # one queue for all threads: no job waits behind a stuck one
-        return False
-
     def where(self, job_id: int) -> tuple[int | None, float] | None:
         run = self.running.get(job_id)  # a job in the queue waits for any thread: no telling
         if run is None:

@@ -301,14 +301,14 @@ class Window:
         return wait
 
     def _late_after(self, jobs: list[int], t0: float) -> float | None:
-        """When the jobs that hold the wanted item count as held up (by a slow or stuck item of
-        theirs, or one given up before them on their worker): None while there is no telling.
-        Counted from when the reader began to wait (``t0``) at the earliest: answers may have
-        waited on the pipe while the reader did other things."""
+        """When the jobs that hold the wanted item, and whose worker cannot say where it is (see
+        ``_held_up``), count as held up: None while there is no telling. Counted from when the
+        reader began to wait (``t0``) at the earliest: answers may have waited on the pipe while
+        the reader did other things."""
         backend, limit = self.backend, _PATIENCE
         for j in jobs:
-            if j in self.cancelled or backend.behind(j):
-                continue  # given up, or behind a given-up job: _PATIENCE is enough
+            if j in self.cancelled:
+                continue  # given up: _PATIENCE is enough
             if not self.item_seconds or not backend.started(j):
                 return None  # no chunk back yet, or a worker still starting: no telling what is slow
             limit = max(limit, _LATE_FLOOR, _LATE * self.item_seconds * len(self.jobs[j][0]))

@@ -114,12 +114,13 @@ def compute(seq: Any, idx: range, out: list) -> list:
 
 
 def finish(seq: Any, idx: range, items: list, portable: bool) -> list:
-    """``items`` (raw items of indices ``idx``) with each ``Failed`` made an ``ItemError`` that
-    names its index and view (a new list; ``items`` may still grow in another thread)."""
+    """``items`` (raw items of indices ``idx``, a list the caller owns: a copy of what a worker
+    thread may still be adding to) with each ``Failed`` made an ``ItemError`` that names its
+    index and view, in place."""
     # Past the end of a source of unknown size (read with a step > 0), every later item of the
     # chunk is past it too: they all get the error of the first such index.
     unsized = not seq.finite if is_node(seq) else not hasattr(seq, "__len__")
-    out, end = list(items), None
+    out, end = items, None
     for k, x in enumerate(out):
         if end is not None:
             out[k] = end
