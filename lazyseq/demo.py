@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 import lazyseq
+from lazyseq import cc
 
 
 class Digits:
@@ -72,6 +73,12 @@ def main(argv: list[str] | None = None) -> float:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lr", type=float, default=3e-3)
     args = ap.parse_args(argv)
+    try:  # clang, or pip's ziglang through lazyseq's shim, before tinygrad compiles anything
+        cc.check_device("python -m lazyseq.demo")
+    except ImportError:
+        sys.exit("the demo needs scikit-learn, tqdm and tinygrad: pip install 'lazyseq[demo]'")
+    except cc.CompilerNotFound as e:
+        sys.exit(str(e))
     from tinygrad import Context, Tensor, TinyJit, nn
     from tqdm import tqdm
 

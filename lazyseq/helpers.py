@@ -16,9 +16,40 @@ def align(n: int) -> int:
     return (n + ALIGN - 1) & ~(ALIGN - 1)
 
 
+# Linux-only calls each have a portable path (macOS, the BSDs); LAZYSEQ_FORCE_FALLBACKS makes
+# lazyseq take those paths on Linux too, so that CI runs them. Read at each use (cheap, and rare):
+# spawned workers inherit the environment, where a monkeypatch in the parent would not reach.
+FALLBACKS = {
+    "memfd": "shared-memory segments through shm_open + immediate unlink, not memfd_create",
+    "poll": "workers' pipes watched through selectors.DefaultSelector, not select.poll",
+    "affinity": "usable cores from os.cpu_count, not sched_getaffinity",
+    "sched": "workers keep the default scheduling policy (no SCHED_BATCH)",
+}
+
+
+def forced(fallback: str) -> bool:
+    """Whether ``LAZYSEQ_FORCE_FALLBACKS`` (a testing aid: ``all`` or comma-separated names of
+    :data:`FALLBACKS`) asks for the portable path ``fallback`` even where the Linux one exists."""
+    value = os.environ.get("LAZYSEQ_FORCE_FALLBACKS", "")
+    if not value:
+        return False
+    names = {n.strip() for n in value.split(",") if n.strip()}
+    unknown = names - FALLBACKS.keys() - {"all"}
+    if unknown:
+        raise ValueError(f"LAZYSEQ_FORCE_FALLBACKS: unknown fallback(s) {sorted(unknown)}; "
+                         f"known: all, {', '.join(FALLBACKS)}")
+    return fallback in names or "all" in names
+
+
 def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
+    """The cores this process may run on (its affinity mask where the OS has one, as on Linux;
+    all the machine's cores elsewhere, e.g. macOS).
+
+    >>> from lazyseq.helpers import usable_cores
+    >>> 1 <= usable_cores() <= (os.cpu_count() or 1)
+    True
+    """
+    if hasattr(os, "sched_getaffinity") and not forced("affinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
 

@@ -14,12 +14,14 @@ the numpy memory during that call or keeps a reference to it until its copy is d
 
 from __future__ import annotations
 
+import subprocess
 import weakref
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import cc as _cc
 from . import tree
 from .helpers import ALIGN
 
@@ -29,12 +31,15 @@ if TYPE_CHECKING:
 __all__ = ["to_tensor"]
 
 
-
-def _need_tinygrad() -> None:
+def _need_tinygrad() -> str | None:
+    """Imports tinygrad, with a C compiler set up for its CPU device first (:mod:`lazyseq.cc`:
+    clang, or the ziglang shim); returns that compiler (``None``: none)."""
+    cc = _cc.setup()  # before tinygrad compiles anything: it reads CC once, at its first compile
     try:
         import tinygrad  # noqa: F401
     except ImportError as e:
         raise ImportError("lazyseq.to_tensor needs tinygrad: pip install 'lazyseq[tinygrad]'") from e
+    return cc
 
 
 def to_tensor(x: Any, device: str | None = None, copy: bool = True) -> Any:
@@ -45,6 +50,9 @@ def to_tensor(x: Any, device: str | None = None, copy: bool = True) -> Any:
     unchanged. Call it once per batch: the whole structure is converted in one call.
 
     - ``device``: a tinygrad device name (``'CPU'``, ``'CUDA'``, ...); ``None``: tinygrad's default.
+      The CPU device compiles its kernels with clang, or with pip's ziglang where there is none
+      (:mod:`lazyseq.cc`); with neither it raises :class:`lazyseq.cc.CompilerNotFound`, saying what
+      to install. Other devices need no C compiler.
     - dtypes are kept (bool, (u)int8/16/32/64, float16/32/64; float64 stays float64 on the CPU). On a
       device that cannot compute a dtype natively (float64 on some GPUs, WebGPU) tinygrad either
       emulates it or fails when a kernel uses it: cast the arrays first (``astype(np.float32)``) if
@@ -74,15 +82,26 @@ def to_tensor(x: Any, device: str | None = None, copy: bool = True) -> Any:
     >>> out["label"].tolist()
     [3, 1]
     """
-    _need_tinygrad()
+    cc = _need_tinygrad()
     from tinygrad import Device, Tensor, dtypes
     from tinygrad.dtype import DType
 
-    dev = Device.canonicalize(device)
-    pending: list[Tensor] = []  # Tensors tinygrad itself copies: realised together at the end
-    out = _convert(x, _Ctx(Tensor, dtypes, DType, device, dev, copy, pending))
-    if pending:
-        pending[0].realize(*pending[1:])
+    dev = None
+    try:
+        dev = Device.canonicalize(device)
+        pending: list[Tensor] = []  # Tensors tinygrad itself copies: realised together at the end
+        out = _convert(x, _Ctx(Tensor, dtypes, DType, device, dev, copy, pending))
+        if pending:
+            pending[0].realize(*pending[1:])
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+        # tinygrad's own words are "no usable devices" or a failed `clang` run: say what to install
+        cpu = dev is None or dev.split(":")[0] == "CPU"
+        if cc is None and cpu and not isinstance(e, _cc.CompilerNotFound):
+            raise _cc.CompilerNotFound(_cc.message("lazyseq.to_tensor")) from e
+        if cpu and isinstance(e, (OSError, subprocess.CalledProcessError)) and cc not in ("clang", _cc.SHIM):
+            e.add_note(f"lazyseq.to_tensor: tinygrad compiled with CC={cc}, which lazyseq leaves alone; it must take "
+                       "clang's flags. Unset CC to let lazyseq pick clang or the ziglang shim (python -m lazyseq.cc)")
+        raise
     return out
 
 
@@ -156,6 +175,8 @@ def _release(dev: str, a: np.ndarray) -> None:
 
     Device[dev].synchronize()
 
+
+_cc.preset()  # no clang on PATH: point CC at the Zig shim now, before anyone uses tinygrad directly
 
 if find_spec("tinygrad") is None:  # pragma: no cover
     # without tinygrad the example cannot run: keep it out of the doctest collection

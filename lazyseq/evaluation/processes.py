@@ -14,6 +14,7 @@ import gc
 import os
 import pickle
 import select
+import selectors
 import signal
 import threading
 import time
@@ -23,7 +24,7 @@ from typing import Any, ClassVar
 import cloudpickle
 
 from ..errors import PrefetchClosed, WorkerCrashed, WorkerStartError
-from ..helpers import ALIGN, warn
+from ..helpers import ALIGN, forced, warn
 from . import wire
 from .backend import Result, Settings
 from .slots import SlotPool
@@ -84,6 +85,35 @@ def _describe_exit(code: int | None) -> str:
 
 
 
+class _Poller:
+    """Waits for any of a fixed set of descriptors to be readable: ``select.poll`` (no descriptor of
+    its own), else a ``selectors`` selector (kqueue, epoll or select, where there is no poll or
+    with LAZYSEQ_FORCE_FALLBACKS=poll)."""
+
+    def __init__(self, fds: tuple[int, ...]):
+        self.poll: Any = None
+        self.selector: selectors.BaseSelector | None = None
+        if hasattr(select, "poll") and not forced("poll"):
+            self.poll = select.poll()
+            for fd in fds:
+                self.poll.register(fd, select.POLLIN)
+        else:
+            self.selector = selectors.DefaultSelector()
+            for fd in fds:
+                self.selector.register(fd, selectors.EVENT_READ)
+
+    def wait(self, timeout: float) -> list[int]:
+        """The descriptors ready within ``timeout`` seconds."""
+        if self.poll is not None:
+            return [fd for fd, _ in self.poll.poll(max(0, int(timeout * 1000 + 0.999)))]
+        assert self.selector is not None
+        return [key.fd for key, _ in self.selector.select(max(0.0, timeout))]
+
+    def close(self) -> None:
+        if self.selector is not None:
+            self.selector.close()
+
+
 class _Job:
     """A job sent to a worker and not answered yet."""
 
@@ -98,6 +128,7 @@ class ProcessBackend:
     """Worker processes with a pipe each, and the pool of shared-memory slots their results use."""
 
     COUNTERS: ClassVar[dict[str, int]] = dict(bytes_shm=0, bytes_pipe=0, fallbacks=0)
+    JOB_SECONDS = 0.004  # a chunk worth about this much work keeps the reader fed without stalls
 
     def __init__(self, seq: Any, settings: Settings, stats: dict):
         self.settings, self.stats = settings, stats
@@ -209,11 +240,9 @@ class ProcessBackend:
     # -- receiving -------------------------------------------------------------------------------
     def poll(self, timeout: float) -> list[Result]:
         if self.poller is None:  # registered once: a fresh selector per wait costs more than the wait
-            self.poller = select.poll()
-            for fd in (*self.fds, *self.sentinels):
-                self.poller.register(fd, select.POLLIN)
+            self.poller = _Poller((*self.fds, *self.sentinels))
         try:
-            events = self.poller.poll(max(0, int(timeout * 1000 + 0.999)))
+            events = self.poller.wait(timeout)
         except (OSError, ValueError):
             if not self.stopping:
                 raise
@@ -222,7 +251,7 @@ class ProcessBackend:
             raise PrefetchClosed("prefetch: the worker processes were stopped")
         out: list[Result] = []
         dead = []
-        for fd, _event in events:
+        for fd in events:
             k = self.fds.get(fd)
             if k is None:
                 dead.append(self.sentinels[fd])
@@ -366,4 +395,6 @@ class ProcessBackend:
             if not p.is_alive():
                 p.close()
         self.procs, self.conns = [], []
+        if self.poller is not None:
+            self.poller.close()
         close_parent_fd(self.pool)

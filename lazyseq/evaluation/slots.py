@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..helpers import ALIGN, PAGE
+from ..helpers import ALIGN, PAGE, forced
 from ..jobslot import current
 
 __all__ = ["SlotPool", "SlotAnchor", "empty", "empty_like"]
@@ -28,14 +28,16 @@ __all__ = ["SlotPool", "SlotAnchor", "empty", "empty_like"]
 
 def create_segment(size: int) -> int:
     """A file descriptor of ``size`` bytes of shared memory with no name left behind."""
-    if hasattr(os, "memfd_create"):
+    if hasattr(os, "memfd_create") and not forced("memfd"):
         fd = os.memfd_create("lazyseq", getattr(os, "MFD_CLOEXEC", 0))
-    else:  # pragma: no cover - non-Linux POSIX
+    else:  # macOS, the BSDs (and Linux with LAZYSEQ_FORCE_FALLBACKS=memfd, as CI runs it)
         import _posixshmem
 
+        # at most 31 characters (macOS's limit): "/lazyseq-" + pid + "-" + 12 hex digits
         name = f"/lazyseq-{os.getpid()}-{secrets.token_hex(6)}"
         fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        _posixshmem.shm_unlink(name)
+        _posixshmem.shm_unlink(name)  # the name lived for two system calls; the descriptor keeps the memory
+        os.set_inheritable(fd, False)  # as MFD_CLOEXEC: workers get it handed over, nothing else does
     try:
         os.ftruncate(fd, size)  # no zero-fill: pages appear when first written
     except BaseException:

@@ -20,6 +20,7 @@ from typing import Any
 import cloudpickle
 
 from .. import jobslot
+from ..helpers import forced
 from ..jobslot import JobSlot
 from . import slots, wire
 from .backend import STREAM, Running
@@ -44,7 +45,9 @@ def _detach(dup: Any) -> int:
 
 def _settle(close_fds: list[int]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle; it stops us
-    if hasattr(os, "SCHED_BATCH"):  # a job record should not hand the reader's core to a worker
+    # A job record should not hand the reader's core to a worker. Linux only: macOS has no such
+    # policy, and its workers keep the default one.
+    if hasattr(os, "SCHED_BATCH") and not forced("sched"):
         try:
             os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
         except OSError:
