@@ -8,7 +8,7 @@ from . import instrument
 from .base import View
 from .dataloader import DataLoader, default_collate
 from .errors import EvaluationError, PrefetchClosed, PrefetchTimeout, WorkerCrashed, WorkerStartError, seterr
-from .evaluation import empty, empty_like, prefetch
+from .evaluation import empty, empty_like, prefetch, shutdown_ray
 from .serialization import SerializableFunc
 from .store import Store, load, save
 from .tensor import to_tensor
@@ -33,4 +33,5 @@ __all__ = [
     "Skip", "block_shuffle", "chunks", "on_error",
     "SerializableFunc",
     "mix",
+    "shutdown_ray",
 ]

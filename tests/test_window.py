@@ -22,6 +22,7 @@ class FakeBackend:
     (None: no limit); an answered job gives its slot back. ``cap``: its chunk_cap."""
 
     COUNTERS: ClassVar[dict] = {}
+    JOB_SECONDS = 0.004
 
     def __init__(self, seq, hold=lambda r: False, slots=None, cap=None, item_seconds=1e-5):
         self.seq, self.hold, self.slots, self.cap, self.item_seconds = seq, hold, slots, cap, item_seconds

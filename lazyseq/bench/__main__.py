@@ -9,7 +9,8 @@ import sys
 
 SCENARIOS = {"views": "lazyseq.bench.views", "prefetch": "lazyseq.bench.prefetch", "tensor": "lazyseq.bench.tensor",
              "dataloader": "lazyseq.bench.dataloader", "store": "lazyseq.bench.store",
-             "memory": "lazyseq.bench.memory"}
+             "memory": "lazyseq.bench.memory", "ray": "lazyseq.bench.cluster", "report": "lazyseq.bench.report",
+             "spdl": "lazyseq.bench.spdl"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     ap.add_argument("--only", metavar="PART[,PART]", help="prefetch: run only these parts (large, tiny, compute, startup)")
     ap.add_argument("--rounds", type=int, metavar="N", help="prefetch: rounds per loader (start-up: tries)")
+    ap.add_argument("--out", metavar="DIR", help="report: write benchmarks.md and img/ there (default: docs)")
     args = ap.parse_args(argv)
     options = {}
     if args.only or args.rounds is not None:
@@ -27,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.rounds is not None and (args.rounds < 1 or args.quick):
             ap.error("--rounds takes a number >= 1, without --quick")
         options = {"only": args.only.split(",") if args.only else None, "rounds": args.rounds}
+    if args.out:
+        if args.scenario != "report":
+            ap.error("--out applies to the report scenario")
+        options["out"] = args.out
     results = importlib.import_module(SCENARIOS[args.scenario]).run(quick=args.quick, **options)
     if args.json:
         with open(args.json, "w") as f:

@@ -5,7 +5,7 @@ process, worker processes, actors on other machines) and answers with one final
 :class:`Result`, after parts of it if it runs long (so that a stuck item holds up only itself). The
 window decides which jobs to run and when; how results travel (shared-memory slots, pipes, an
 object store) is the backend's business alone. Backends: ``threads.ThreadBackend``,
-``processes.ProcessBackend``.
+``processes.ProcessBackend``, ``actors.RayBackend``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ class Settings:
     max_buffered: int = 10  # results the window may have in flight or ready: slots, for the process backend
     shm_size: int = 0  # bytes of shared memory (process backend)
     mp_context: Any = None  # a multiprocessing context (process backend)
+    ray_options: Any = None  # Ray actor options, e.g. {"num_cpus": 2} (Ray backend)
+    address: str | None = None  # the Ray cluster to connect to when not connected yet (Ray backend)
 
 
 class Result(NamedTuple):
@@ -55,6 +57,7 @@ class Backend(Protocol):
     :meth:`submit` and :meth:`poll` raise ``PrefetchClosed``."""
 
     COUNTERS: dict[str, int]  # the backend's own entries of ``Prefetch.stats()``, with their start values
+    JOB_SECONDS: float  # about how much work one job should hold (what a job costs the backend sets it)
 
     def __init__(self, seq: Any, settings: Settings, stats: dict) -> None:
         """Start the workers (raise ``WorkerStartError`` or the cause if they cannot start)."""

@@ -21,6 +21,7 @@ class ThreadBackend:
     """Items come back as the very objects the threads computed: nothing is copied or pickled."""
 
     COUNTERS: ClassVar[dict[str, int]] = {}
+    JOB_SECONDS = 0.004  # a chunk worth about this much work keeps the reader fed without stalls
 
     def __init__(self, seq: Any, settings: Settings, stats: dict):
         self.seq, self.start_hook = seq, settings.start_hook
@@ -84,8 +85,11 @@ class ThreadBackend:
         with self.cond:
             if not self.done and self.start_error is None and not self.stopping:
                 if self.running:  # wake up in time to take what a long job has done
-                    since = min(run.since for run in self.running.values())
-                    timeout = min(timeout, max(0.0, since + STREAM - time.monotonic()))
+                    # (a job with nothing new since its last part is looked at again a STREAM later:
+                    # waking at once would spin, and starve the workers of the GIL)
+                    now = time.monotonic()
+                    since = min(run.since if len(run.items) > run.sent else now for run in self.running.values())
+                    timeout = min(timeout, max(0.0, since + STREAM - now))
                 self.cond.wait(timeout)
             if self.stopping:  # closed from another thread while we waited
                 raise PrefetchClosed("prefetch: the worker threads were stopped")

@@ -6,22 +6,26 @@ import multiprocessing
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..base import View
 from ..errors import EvaluationError, PrefetchClosed, PrefetchTimeout, passthrough, wrap_error
 from ..helpers import usable_cores
-from ..node import Exhausted, check_source, is_finite
+from ..node import Exhausted, check_source, is_finite, length
 from . import wire
+from .actors import RayBackend, cluster_cpus, options_error, ray_missing
 from .backend import Backend, Settings
+from .completion import Unordered, UnorderedOpen
+from .coroutines import AsyncBackend
 from .processes import ProcessBackend
 from .threads import ThreadBackend
 from .window import Window
 
 __all__ = ["prefetch", "Prefetch"]
 
-BACKENDS: dict[str, type] = {"thread": ThreadBackend, "process": ProcessBackend}
+BACKENDS: dict[str, type] = {"thread": ThreadBackend, "process": ProcessBackend, "ray": RayBackend,
+                             "async": AsyncBackend}
 
 _forks = [0]  # bumped in a forked child: a prefetch made before the fork is not the child's to run
 if hasattr(os, "register_at_fork"):
@@ -51,7 +55,8 @@ class Prefetch(View):
     what the window delivers into items or the errors ``seq[i]`` would raise."""
 
     def __init__(self, seq: Any, nworkers: int, method: str, max_buffered: int, start_hook: Callable | None,
-                 shm_size: int, mp_context: Any, timeout: float | None, lazy_start: bool):
+                 shm_size: int, mp_context: Any, timeout: float | None, lazy_start: bool, ray_options: Any = None,
+                 address: str | None = None):
         # what describe() shows, first: a traceback prints this object even if a check below fails
         self.method, self.max_buffered, self.shm_size, self.nworkers = method, max_buffered, shm_size, nworkers
         self.src = check_source(seq, "prefetch")
@@ -65,9 +70,17 @@ class Prefetch(View):
             raise ValueError("prefetch: shm_size only applies to method='process' (threads share memory already)")
         if timeout is not None and timeout <= 0:
             raise ValueError(f"prefetch: timeout must be > 0 seconds or None, got {timeout}")
+        why = options_error(ray_options, address, method)
+        if why is not None:
+            raise ValueError(f"prefetch: {why}")
+        if method == "ray" and ray_missing():
+            raise ImportError(ray_missing())
+        self.ray_options, self.address = (dict(ray_options) if ray_options is not None else None), address
         if isinstance(mp_context, str) or mp_context is None:
             mp_context = multiprocessing.get_context(mp_context)
-        self.nworkers = max(1, usable_cores() + nworkers) if nworkers <= 0 else nworkers
+        if nworkers <= 0:  # Ray: the cluster's CPUs (connecting to it now)
+            nworkers = max(1, (cluster_cpus(address) if method == "ray" else usable_cores()) + nworkers)
+        self.nworkers = nworkers
         self.start_hook, self.mp_context, self.timeout = start_hook, mp_context, timeout
         self.finite = is_finite(seq)
         self._setup()
@@ -82,6 +95,7 @@ class Prefetch(View):
         self._finalizer = weakref.finalize(self, self._m.stop)
         self._error: BaseException | None = None  # what every read raises from now on
         self._window: Window | None = None  # made with the backend, at the start
+        self._unordered: weakref.ref | None = None  # the unordered() iterator open now, if any
 
     def _start(self) -> None:
         m = self._m
@@ -89,7 +103,8 @@ class Prefetch(View):
             return
         cls = BACKENDS[self.method]
         stats = {**Window.COUNTERS, **cls.COUNTERS}
-        settings = Settings(self.nworkers, self.start_hook, self.max_buffered, self.shm_size, self.mp_context)
+        settings = Settings(self.nworkers, self.start_hook, self.max_buffered, self.shm_size, self.mp_context,
+                            self.ray_options, self.address)
         try:
             backend = cls(self.src, settings, stats)
             with m.lock:
@@ -127,7 +142,8 @@ class Prefetch(View):
         self.close()
 
     def __getstate__(self) -> dict:
-        keep = ("src", "nworkers", "method", "max_buffered", "start_hook", "shm_size", "timeout", "finite")
+        keep = ("src", "nworkers", "method", "max_buffered", "start_hook", "shm_size", "timeout", "finite",
+                "ray_options", "address")
         state = {k: self.__dict__[k] for k in keep}
         state["mp_context"] = self.mp_context.get_start_method()
         return state
@@ -140,28 +156,80 @@ class Prefetch(View):
     # -- reads -----------------------------------------------------------------------------------
     def _get(self, i: int) -> Any:
         with self._lock:
-            if self._error is not None:
-                raise self._error
-            try:
-                if self._m.fork != _forks[0]:  # a forked copy of a started prefetch: start afresh
-                    self._setup()
-                if self._m.backend is None:
-                    self._start()
-                value = self._window.read(i)
-            except (IndexError, PrefetchTimeout):
-                if isinstance(self._error, PrefetchClosed):  # close() from another thread meanwhile
-                    raise self._error from None
-                raise  # about this item only: the prefetch goes on
-            except BaseException as e:  # a crash, a failed start, Ctrl-C, close(): stop every worker
-                if isinstance(self._error, PrefetchClosed) and not isinstance(e, KeyboardInterrupt):
-                    raise self._error from None  # whatever close() from another thread broke on the way
-                self.close()
-                self._error = PrefetchClosed("prefetch: stopped by KeyboardInterrupt; create a new one") \
-                    if isinstance(e, KeyboardInterrupt) else e
-                raise
-            if isinstance(self._error, PrefetchClosed):  # close() ran meanwhile: a waiting reader gets PrefetchClosed
-                raise self._error
-            return self._deliver(i, value)
+            if self._unordered is not None and self._unordered_open():
+                raise UnorderedOpen(f"{self.describe()}: p[{i}] while an unordered() iterator over it is open; "
+                                   "finish or close it first (leave its loop, it.close(), or a with block)")
+            return self._deliver(i, self._guarded(Window.read, i))
+
+    def _unordered_open(self) -> bool:  # under the lock
+        it = self._unordered() if self._unordered is not None else None
+        return it is not None and it._open()
+
+    def _guarded(self, read: Callable[[Window, Any], Any], arg: Any) -> Any:
+        """``read(window, arg)``, starting the workers first if needed (under the lock); what
+        breaks the machinery closes the prefetch."""
+        if self._error is not None:
+            raise self._error
+        try:
+            if self._m.fork != _forks[0]:  # a forked copy of a started prefetch: start afresh
+                self._setup()
+            if self._m.backend is None:
+                self._start()
+            value = read(self._window, arg)
+        except (IndexError, PrefetchTimeout):
+            if isinstance(self._error, PrefetchClosed):  # close() from another thread meanwhile
+                raise self._error from None
+            raise  # about this item only: the prefetch goes on
+        except BaseException as e:  # a crash, a failed start, Ctrl-C, close(): stop every worker
+            if isinstance(self._error, PrefetchClosed) and not isinstance(e, KeyboardInterrupt):
+                raise self._error from None  # whatever close() from another thread broke on the way
+            self.close()
+            self._error = PrefetchClosed("prefetch: stopped by KeyboardInterrupt; create a new one") \
+                if isinstance(e, KeyboardInterrupt) else e
+            raise
+        if isinstance(self._error, PrefetchClosed):  # close() ran meanwhile: a waiting reader gets PrefetchClosed
+            raise self._error
+        return value
+
+    def unordered(self, start: int = 0, stop: int | None = None) -> Unordered:
+        """``(index, item)`` pairs for the indices of ``range(start, stop)`` in the order the items
+        complete (each once), keeping the workers busy; one slow item holds up only itself.
+
+        ``start``/``stop`` are read as in a slice (negative counts from the end); ``stop=None``
+        goes to the end (of a source of unknown size too, found as it is read). At most
+        ``max_buffered`` jobs are in flight, of as many items as about 4 ms of work (a chunk):
+        with slow items, ``max_buffered`` items; computed items not yet taken count too.
+
+        A failing item raises its ``EvaluationError`` from ``next()`` as ``p[i]`` does, and the
+        iterator goes on; ``timeout`` bounds the wait for the next item (``PrefetchTimeout``).
+        While the iterator is open, ``p[i]`` raises ``RuntimeError``: finish it, leave its loop
+        (``break``), drop it or ``close()`` it; this cancels the work left, and ``p[i]`` works
+        again. One unordered iterator at a time.
+
+        >>> import lazyseq, time
+        >>> def load(i):
+        ...     time.sleep(0.3 if i == 0 else 0.001)  # item 0 is slow
+        ...     return i * 10
+        >>> with lazyseq.prefetch(lazyseq.smap(load, range(8)), nworkers=2) as p:
+        ...     pairs = list(p.unordered())
+        ...     p[3]
+        30
+        >>> sorted(pairs) == [(i, i * 10) for i in range(8)], pairs[-1]
+        (True, (0, 0))
+        """
+        with self._lock:
+            if self._unordered_open():
+                raise UnorderedOpen(f"{self.describe()}: an unordered() iterator over it is open already; "
+                                   "finish or close it first")
+            n = length(self.src)
+            if n is not None:
+                start, stop, _ = slice(start, stop).indices(n)
+            elif start < 0 or (stop is not None and stop < 0):
+                raise IndexError(f"{self.describe()}: negative start or stop in unordered() on a source "
+                                 "of unknown size")
+            it = Unordered(self, start, stop)
+            self._unordered = weakref.ref(it)
+            return it
 
     def _deliver(self, i: int, value: Any) -> Any:
         if type(value) is not wire.ItemError:
@@ -195,23 +263,30 @@ class Prefetch(View):
         return list(backend.pids) if backend is not None else []
 
     def describe(self) -> str:
-        what = {"thread": "threads", "process": "processes"}.get(self.method, f"{self.method} workers")
+        what = {"thread": "threads", "process": "processes", "ray": "Ray actors",
+                "async": "coroutines"}.get(self.method, f"{self.method} workers")
         shm = f", shm_size={self.shm_size}" if self.shm_size else ""
         return f"prefetch({self.nworkers} {what}, max_buffered={self.max_buffered}{shm})"
 
 
 def prefetch(seq: Any, nworkers: int = 0, method: str = "thread", max_buffered: int = 10,
              start_hook: Callable | None = None, shm_size: int = 0, *, mp_context: Any = None,
-             timeout: float | None = None, lazy_start: bool = False) -> Prefetch:
-    """The items of ``seq``, computed ahead of the reader by worker threads or processes.
+             timeout: float | None = None, lazy_start: bool = False, ray_options: Mapping | None = None,
+             address: str | None = None) -> Prefetch:
+    """The items of ``seq``, computed ahead of the reader by worker threads, processes or Ray actors.
 
     ``p[i]`` is ``seq[i]`` for every key ``seq`` accepts. Reading in order keeps up to
     ``max_buffered`` chunks of items in flight; a jump restarts the window at the new index,
     cancelling work no longer wanted and keeping what is still wanted.
 
     - ``nworkers``: number of workers; ``<= 0`` means usable cores + ``nworkers`` (at least 1).
-    - ``method``: ``'thread'`` or ``'process'``. Process workers get chunks of indices over a
-      pipe and evaluate them with one bulk read; results come back as one small pickle per chunk.
+    - ``method``: ``'thread'``, ``'process'`` or ``'ray'``. Process workers get chunks of indices
+      over a pipe and evaluate them with one bulk read; results come back as one small pickle per
+      chunk. Ray actors (on this machine or across a cluster: see docs/cluster.md) get the pipeline
+      once each and chunks of about 50 ms of work; results come back through Ray's object store
+      (arrays as read-only zero-copy views); ``nworkers <= 0`` counts the cluster's CPUs.
+      ``'async'``: up to ``nworkers`` items at once as coroutines on one event loop in a
+      background thread, for ``async def`` item functions (I/O-bound sources; see docs/prefetch.md).
     - ``shm_size``: bytes of shared memory for process workers, split into ``max_buffered`` slots.
       Every numpy array, bytearray and large bytes object of a result is written into the job's
       slot and read back as a zero-copy view; the slot is reused only when no array built on it is
@@ -222,6 +297,13 @@ def prefetch(seq: Any, nworkers: int = 0, method: str = "thread", max_buffered: 
     - ``mp_context``: ``'fork'``, ``'forkserver'``, ``'spawn'`` or a multiprocessing context.
     - ``timeout``: seconds to wait for one item before :class:`lazyseq.PrefetchTimeout`.
     - ``lazy_start``: start workers at the first read rather than now.
+    - ``ray_options`` (``method='ray'``): Ray actor options, e.g. ``{"num_cpus": 2}`` or
+      ``{"num_gpus": 1}``; by default one CPU each, spread over the nodes (``"SPREAD"``).
+    - ``address`` (``method='ray'``): the Ray cluster to join when this process is not connected to
+      one yet (``ray.init(address=address)``); without it, a local Ray instance is started, and shut
+      down at interpreter exit (or by ``lazyseq.shutdown_ray()``).
+
+    ``p.unordered(start, stop)`` yields ``(index, item)`` pairs in the order items complete.
 
     An exception in a worker is raised as :class:`EvaluationError` for that item only; a worker
     that dies raises :class:`WorkerCrashed`. ``close()``, a ``with`` block or dropping the object
@@ -232,4 +314,5 @@ def prefetch(seq: Any, nworkers: int = 0, method: str = "thread", max_buffered: 
     ...     p[5], p[-1], list(p[:4])
     (25, 9801, [0, 1, 4, 9])
     """
-    return Prefetch(seq, nworkers, method, max_buffered, start_hook, shm_size, mp_context, timeout, lazy_start)
+    return Prefetch(seq, nworkers, method, max_buffered, start_hook, shm_size, mp_context, timeout, lazy_start,
+                    ray_options, address)

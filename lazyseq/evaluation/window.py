@@ -1,7 +1,7 @@
 """The window: which chunk jobs to run ahead of the reader, and waiting for the item it wants.
 
 Reading in order keeps up to ``max_buffered`` jobs in flight from the reader's position on; chunks
-grow as jobs come back, up to about ``_CHUNK_SECONDS`` of work each and what the backend says fits
+grow as jobs come back, up to about the backend's ``JOB_SECONDS`` of work each and what the backend says fits
 (its ``chunk_cap``); a jump restarts the window at the new index, cancelling jobs no longer wanted
 and stepping over those still wanted; a reader that walks with a stride is followed. The window
 talks to one :class:`~lazyseq.evaluation.backend.Backend` and knows nothing of how it works.
@@ -10,6 +10,7 @@ talks to one :class:`~lazyseq.evaluation.backend.Backend` and knows nothing of h
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from ..errors import PrefetchTimeout
@@ -20,7 +21,6 @@ from .backend import STREAM, Backend, Result
 __all__ = ["Window"]
 
 _CHUNK_MAX = 1024
-_CHUNK_SECONDS = 0.004  # a chunk worth about this much work keeps the reader fed without stalls
 # Seconds a wanted item waits for given-up jobs (which a worker may be inside) to free room or
 # their worker, before it gets a job of its own (through a slower path, or on another worker).
 _PATIENCE = 0.05
@@ -72,6 +72,11 @@ class Window:
         self.last: int | None = None  # the index read last (not the item: that would pin its memory)
         self.chunk, self.ramp = 1, max_buffered  # items per job; jobs in flight allowed now
         self.item_seconds, self.item_bytes = 0.0, 0.0  # smoothed cost of one item
+        # Chunks hold at least this many items once costs are known, so that max_buffered jobs can
+        # keep every worker busy (an async backend runs far more items at once than max_buffered).
+        self.floor = -(-nworkers // max_buffered)
+        # Where results go during an unordered pass (completion.Completion): (indices, items)
+        self.sink: Callable[[range, list], None] | None = None
 
     # -- reads -----------------------------------------------------------------------------------
     def read(self, i: int) -> Any:
@@ -97,6 +102,15 @@ class Window:
         self.done.clear()
         self.cancelled.clear()
         self.sent.clear()
+
+    def drop_all(self) -> None:
+        """Give up every job and ready item (an unordered pass begins or ends): the next read
+        starts the window afresh; what cancelled jobs still answer is kept only where wanted."""
+        self._cancel(set(self.jobs) - self.cancelled)
+        self.ready.clear()
+        self.gen += 1
+        self.skips, self.last, self.ramp, self.stride, self.delta = [], None, 1, 1, 0
+        self.pos = self.front = self.origin = 0
 
     def in_flight(self) -> int:
         return len(self.jobs) - len(self.cancelled)
@@ -332,11 +346,14 @@ class Window:
             part = r[res.first : res.first + len(items)]
             if res.final:
                 self._adapt(len(r), res.seconds, res.nbytes)
-            else:
-                self.done[res.job_id] = res.first + len(items)
+            elif res.first <= self.done.get(res.job_id, 0):  # (parts may come out of order: keep the prefix)
+                self.done[res.job_id] = max(self.done.get(res.job_id, 0), res.first + len(items))
             self.stats["items"] += len(part)
             if not self.finite:
                 self._find_end(items)
+            if self.sink is not None:  # an unordered pass takes every item (it knows which it still owes)
+                self.sink(part, items)
+                continue
             if items and items[0] is wire.RESEND:  # to be asked for again, one by one
                 continue
             if gen == self.gen and not late:
@@ -357,10 +374,10 @@ class Window:
         self.item_seconds = per_item if self.item_seconds == 0 else 0.7 * self.item_seconds + 0.3 * per_item
         cap = _CHUNK_MAX
         if self.item_seconds > 0:
-            cap = min(cap, max(1, int(_CHUNK_SECONDS / self.item_seconds)))
+            cap = min(cap, max(1, self.floor, int(self.backend.JOB_SECONDS / self.item_seconds)))
         self.item_bytes = max(self.item_bytes * 0.7, nbytes / max(count, 1))
         most = self.backend.chunk_cap(self.item_bytes)
         if most is not None:
             cap = min(cap, most)
-        self.chunk = max(1, min(self.chunk * 2, cap))
+        self.chunk = max(1, min(max(self.chunk * 2, self.floor), cap))
         self.stats["chunk"] = self.chunk

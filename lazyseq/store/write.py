@@ -336,8 +336,8 @@ def _run(writer: ShardWriter, nworkers: int, method: str, bar: Any) -> list[dict
 
     records, ours = [], [writer.describe()]
     try:
-        workers = max(1, usable_cores() + nworkers) if nworkers <= 0 else nworkers
-        with prefetch(writer, nworkers=workers, method=method, max_buffered=2 * workers) as p:  # all busy
+        workers = max(1, usable_cores() + nworkers) if nworkers <= 0 and method != "ray" else nworkers
+        with prefetch(writer, nworkers=workers, method=method, max_buffered=2 * max(workers, 1)) as p:  # all busy
             ours.append(p.describe())
             for rec in p:
                 records.append(rec)
@@ -368,7 +368,9 @@ def save(seq: Any, path: str | os.PathLike, *, nworkers: int = 0, method: str = 
     item of a shard are stored as one fixed-stride array, others as flat data with offsets.
 
     - ``nworkers``, ``method``: the workers that evaluate and write the shards, as for
-      :func:`lazyseq.prefetch` (``0``: every usable core); each holds one shard in memory.
+      :func:`lazyseq.prefetch` (``0``: every usable core); each holds one shard in memory. With
+      ``method='ray'`` Ray actors write their shards straight to ``path``, which must then be on a
+      filesystem every node sees; only the manifest's entries reach this process.
     - ``shard_bytes``: about how large each shard file is (items per shard are estimated first).
     - ``overwrite``: replace a finished store at ``path``, once the new one is complete.
     - ``progress``: a tqdm bar; ``None`` shows one when stderr is a terminal.
@@ -383,8 +385,8 @@ def save(seq: Any, path: str | os.PathLike, *, nworkers: int = 0, method: str = 
     >>> lazyseq.load(os.path.join(d, 's'))[2]
     {'x': array([0, 2, 4]), 'y': '2'}
     """
-    if method not in ("thread", "process"):
-        raise ValueError(f"lazyseq.save: method must be 'thread' or 'process', got {method!r}")
+    if method not in ("thread", "process", "ray"):
+        raise ValueError(f"lazyseq.save: method must be 'thread', 'process' or 'ray', got {method!r}")
     if shard_bytes < 1:
         raise ValueError(f"lazyseq.save: shard_bytes must be >= 1, got {shard_bytes}")
     n = length(seq)

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 from numpy.random.bit_generator import ISpawnableSeedSequence
 
+from ..aio import Blocking, gather, is_async
+from ..aio import run as aio_run
 from ..base import View
 from ..errors import wrap_error
 from ..helpers import fname
@@ -54,6 +56,8 @@ class Map(View):
             raise wrap_error(e, i, self)  # noqa: B904
 
     def _get_many(self, idx: Sequence[int]) -> list:
+        if type(self.f) is Blocking:
+            return self._await_many(idx, None)
         f, out = self.f, []
         add = out.append
         if self.src is not None:
@@ -79,6 +83,8 @@ class Map(View):
     def _get_each(self, idx: Sequence[int], out: list | None = None) -> list:
         if self.src is None:  # several sources: the default (bulk, then item by item if it fails)
             return View._get_each(self, idx, out)
+        if type(self.f) is Blocking:
+            return self._await_many(idx, [] if out is None else out)
         f, star = self.f, self.star
         if out is None:
             out = []
@@ -92,6 +98,39 @@ class Map(View):
             except Exception as e:
                 add(Failed(wrap_error(e, i, self)))
         return out
+
+    def _await_many(self, idx: Sequence[int], out: list | None) -> list:
+        """Items ``idx`` of a map whose function is async: their coroutines run at once on the
+        loop (at most ``aio.BULK`` at a time). ``out`` None: a bulk read (the first failure
+        raises); else the items are appended to ``out``, a failing one as ``Failed``."""
+        if self.src is not None:
+            xs = read_each(self.src, idx) if out is not None else self._rdm(idx)
+            argss = [x if type(x) is Failed else (tuple(x) if self.star else (x,)) for x in xs]
+        else:
+            argss = list(zip(*[read_many(s, idx) for s in self.seqs]))
+        f, key = self.f.f, getattr(self, "_seedkey", None)
+
+        def start(i: int, args: tuple) -> Any:  # a coroutine, or what stops it from being one
+            if type(args) is Failed:
+                return args
+            try:
+                return f(*args) if key is None else f(*args, rng=item_rng(key, i))
+            except Exception as e:
+                return Failed(e)
+
+        done = aio_run(gather(list(map(start, idx, argss))))
+        items = [] if out is None else out
+        for i, args, (ok, x) in zip(idx, argss, done):
+            if ok:
+                items.append(x)
+            elif x is args:
+                items.append(x)  # the source's failure (reads past failures only), already wrapped
+            else:
+                err = wrap_error(x.error if type(x) is Failed else x, i, self)
+                if out is None:
+                    raise err
+                items.append(Failed(err))
+        return items
 
     def children(self) -> tuple:
         return self.seqs
@@ -204,6 +243,8 @@ class SeededMap(Map):
         return self._call(i, [r(i) for r in self._rds])
 
     def _get_many(self, idx: Sequence[int]) -> list:
+        if type(self.f) is Blocking:
+            return self._await_many(idx, None)
         call = self._call
         if self.src is None:
             return [call(i, args) for i, args in zip(idx, zip(*[read_many(s, idx) for s in self.seqs]))]
@@ -215,6 +256,8 @@ class SeededMap(Map):
     def _get_each(self, idx: Sequence[int], out: list | None = None) -> list:
         if self.src is None:  # several sources: the default (bulk, then item by item if it fails)
             return View._get_each(self, idx, out)
+        if type(self.f) is Blocking:
+            return self._await_many(idx, [] if out is None else out)
         call, star = self._call, self.star
         if out is None:
             out = []
@@ -255,7 +298,7 @@ def smap(f: Callable, *seqs: Any, seed: Any = None) -> View:
     >>> list(noisy) == list(noisy) == [noisy[0], noisy[1], noisy[2]]
     True
     """
-    return Map(f, *seqs) if seed is None else SeededMap(f, *seqs, seed=seed)
+    return _awaiting(Map(f, *seqs) if seed is None else SeededMap(f, *seqs, seed=seed))
 
 
 def starmap(f: Callable, seq: Any, seed: Any = None) -> View:
@@ -270,4 +313,11 @@ def starmap(f: Callable, seq: Any, seed: Any = None) -> View:
     >>> [round(x) for x in jitter] in ([6, 6], [6, 7], [7, 6], [7, 7])
     True
     """
-    return Map(f, seq, star=True) if seed is None else SeededMap(f, seq, star=True, seed=seed)
+    return _awaiting(Map(f, seq, star=True) if seed is None else SeededMap(f, seq, star=True, seed=seed))
+
+
+def _awaiting(view: Map) -> Map:
+    """``view``, whose function runs its coroutine to completion if it is async (see aio.py)."""
+    if is_async(view.f):
+        view.f = Blocking(view.f)
+    return view
