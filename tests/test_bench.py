@@ -85,3 +85,62 @@ def test_bench_prefetch_runs_only_the_parts_asked(tmp_path):
         bad = subprocess.run([sys.executable, "-m", "lazyseq.bench", "prefetch", *rounds],
                              capture_output=True, text=True, timeout=60)
         assert bad.returncode == 2 and ">= 1" in bad.stderr, rounds
+
+
+@pytest.mark.parametrize("hide_peers", [False, True], ids=["installed-peers", "no-peers"])
+def test_bench_report_writes_the_page_and_its_plots(tmp_path, hide_peers):
+    docs = tmp_path / "docs"
+    out = tmp_path / "report.json"
+    head = ["-c", HIDE_PEERS] if hide_peers else ["-m", "lazyseq.bench"]
+    proc = subprocess.run([sys.executable, *head, "report", "--quick", "--out", str(docs), "--json", str(out)],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    libs = {"lazyseq"} | set(res["peers"])
+    if hide_peers:
+        assert res["peers"] == []
+    t = res["throughput"]
+    assert t["sizes"][0] == 4096 and t["sizes"][-1] == 16 * 2**20 and set(t["gb_per_s"]) == libs
+    assert all(len(v) == len(t["sizes"]) and min(v) > 0 for v in t["gb_per_s"].values())
+    assert set(res["overhead"]["prefetch_us_per_item"]) == libs
+    assert {"hand-written", "lazyseq"} <= set(res["overhead"]["view_us_per_read"])
+    rows = res["workers"].get("rows", {})
+    if rows:  # Pillow installed
+        assert {"plain loop", "lazyseq 1", "lazyseq 2"} <= set(rows) and rows["plain loop"]["speedup"] == 1
+        assert ("torch 2" in rows) == ("torch" in res["peers"])
+    page = (docs / "benchmarks.md").read_text()
+    m = res["machine"]
+    for needle in ("# Benchmarks", f"{m['cores']} cores", m["cpu"], "load average", f"python {m['versions']['python']}",
+                   f"numpy {m['versions']['numpy']}", "## Throughput by item size", "| 16 MiB |", "## Per-item overhead",
+                   "## Speed-up with workers", "(img/bench_throughput.png)"):
+        assert needle in page, needle
+    assert ("seqtools GB/s" in page) != hide_peers and ("| not installed | seqtools, torch" in page) == hide_peers
+    assert res["images"] and all((docs / "img" / name).read_bytes()[:4] == b"\x89PNG" for name in res["images"])
+    for name in res["images"]:
+        assert f"(img/{name})" in page
+    bad = subprocess.run([sys.executable, "-m", "lazyseq.bench", "views", "--out", str(docs)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "report" in bad.stderr
+
+
+@pytest.mark.parametrize("hide_peers", [False, True], ids=["installed-peers", "no-peers"])
+def test_bench_spdl(tmp_path, hide_peers):
+    import os
+    import tempfile
+
+    def image_dirs():
+        return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("lazyseq-spdl-")}
+
+    before = image_dirs()
+    res = run_bench("spdl", tmp_path, hide_peers)
+    assert image_dirs() == before  # the generated JPEGs are deleted
+    assert res["scenario"] == "spdl" and res["quick"] is True and res["images"] == 128
+    lazy = {f"lazyseq {k}{u}" for k in ("threads", "processes") for u in ("", " unordered")}
+    assert lazy <= set(res["images_per_s"]) == set(res["ratio_to_lazyseq_threads"])
+    assert res["ratio_to_lazyseq_threads"]["lazyseq threads"] == 1.0
+    assert all(v > 0 for v in res["images_per_s"].values())
+    assert ("torch" in res["skipped"]) == hide_peers
+    assert any(k.startswith("torch") for k in res["images_per_s"]) == (not hide_peers)
+    assert any(k.startswith("spdl") for k in res["images_per_s"]) == ("spdl" in res["peers"])
+    assert {"lazyseq async", "lazyseq async unordered", "lazyseq 64 threads"} <= set(res["async"]["seconds"])
+    assert res["async"]["seconds"]["lazyseq async"] < 1.0  # 200 x 10 ms, 64 at once: ~0.05 s
