@@ -83,6 +83,7 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
+_RECOLLECT = 1.0  # seconds between garbage collections looking for a slot the reader may have let go
 
 
 class _Poller:
@@ -142,6 +143,7 @@ class ProcessBackend:
         self.outstanding: dict[int, _Job] = {}  # unanswered jobs
         self.abandoned: set[int] = set()  # unanswered jobs the reader gave up (a worker may be inside one)
         self.warned: set[str] = set()
+        self.collected = -_RECOLLECT  # when a garbage collection last freed no slot for a wanted item
         self.pending_crash: int | None = None  # a worker seen dead, reported by check()
         self.stopping = False
         self.poller: Any = None
@@ -219,12 +221,15 @@ class ProcessBackend:
 
     def _slot_for_wanted(self) -> int | None:
         """A slot for the item the reader waits for when none is free; None: it takes the pipe."""
-        if not any(job.slot is not None for job in self.outstanding.values()):
+        now = time.monotonic()
+        if now - self.collected >= _RECOLLECT and not any(job.slot is not None for job in self.outstanding.values()):
             # No job holds one: the reader does (items kept alive), or cycles not yet collected.
+            # A collection costs up to ~100 ms in a large process: once a second at most, not per item.
             gc.collect()
             slot = self.pool.acquire()
             if slot is not None:
                 return slot
+            self.collected = now
             self._warn("held", "prefetch: the reader holds every shared-memory slot (items kept alive), so "
                        "items go through the pipe; drop items sooner or raise max_buffered")
         self.stats["fallbacks"] += 1
