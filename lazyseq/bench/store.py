@@ -29,6 +29,7 @@ import numpy as np
 
 import lazyseq
 from lazyseq.bench.prefetch import Burn, calibrate
+from lazyseq.store.format import fsync_path
 
 NWORKERS = 2
 SHAPE = (3, 32, 32)
@@ -57,14 +58,6 @@ class MakeItem:
 
 
 # -- (a) saving ---------------------------------------------------------------------------------------
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_loop(make: MakeItem, n: int, root: str) -> tuple[float, dict[str, str]]:
     """The baseline: one process computes the items in order and writes them into two
     ``.npy`` memory maps, then flushes and fsyncs them (and the directory)."""
@@ -80,7 +73,7 @@ def save_loop(make: MakeItem, n: int, root: str) -> tuple[float, dict[str, str]]
         arr.flush()
     del images, labels
     for p in (*paths.values(), root):
-        _fsync(p)
+        fsync_path(p)
     return time.perf_counter() - t, paths
 
 

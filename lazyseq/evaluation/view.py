@@ -73,8 +73,8 @@ class Prefetch(View):
         why = options_error(ray_options, address, method)
         if why is not None:
             raise ValueError(f"prefetch: {why}")
-        if method == "ray" and ray_missing():
-            raise ImportError(ray_missing())
+        if method == "ray" and (missing := ray_missing()) is not None:
+            raise ImportError(missing)
         self.ray_options, self.address = (dict(ray_options) if ray_options is not None else None), address
         if isinstance(mp_context, str) or mp_context is None:
             mp_context = multiprocessing.get_context(mp_context)

@@ -255,10 +255,11 @@ def write_json_atomic(path: str, obj: Any) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path))
+    fsync_path(os.path.dirname(path))
 
 
-def fsync_dir(path: str) -> None:
+def fsync_path(path: str) -> None:
+    """Flush a file, or a directory's entries, to the disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -311,7 +311,7 @@ def _swap(root: str, dest: str) -> None:
         old = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.lazyseq-old-{uuid.uuid4().hex}")
         os.rename(dest, old)
     os.rename(root, dest)
-    fmt.fsync_dir(os.path.dirname(dest))
+    fmt.fsync_path(os.path.dirname(dest))
     for name in os.listdir(os.path.dirname(dest)):  # this one, and any a crash left between the renames
         if name.startswith(f".{os.path.basename(dest)}.lazyseq-old-"):
             shutil.rmtree(os.path.join(os.path.dirname(dest), name), ignore_errors=True)
