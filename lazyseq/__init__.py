@@ -7,7 +7,7 @@ The API is a superset of seqtools' (``import lazyseq as seqtools`` works).
 from . import instrument
 from .base import View
 from .dataloader import DataLoader, default_collate
-from .errors import EvaluationError, PrefetchClosed, PrefetchTimeout, WorkerCrashed, WorkerStartError, seterr
+from .errors import EvaluationError, PrefetchClosed, PrefetchTimeout, StoreError, WorkerCrashed, WorkerStartError, seterr
 from .evaluation import empty, empty_like, prefetch, shutdown_ray
 from .serialization import SerializableFunc
 from .store import Store, load, save
@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DataLoader", "default_collate", "to_tensor",
-    "Store", "load", "save",
+    "Store", "StoreError", "load", "save",
     "EvaluationError", "Pad", "PrefetchClosed", "PrefetchTimeout", "View", "WorkerCrashed",
     "WorkerStartError", "add_cache", "arange", "batch", "case", "collate", "concatenate", "cycle", "empty",
     "empty_like", "gather", "instrument", "interleave", "prefetch", "repeat", "seterr", "shard", "shuffle",

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from .base import Routed, View
-from .collate import buffer_bytes, default_collate
+from .batching import buffer_bytes, default_collate
 from .dataloader_checks import method_checks, seed_from, torch_checks
 from .evaluation import Prefetch, prefetch
 from .helpers import ALIGN, PAGE

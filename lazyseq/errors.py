@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EvaluationError", "PrefetchClosed", "PrefetchTimeout", "WorkerCrashed", "WorkerStartError", "seterr",
-           "wrap_error", "raised"]
+__all__ = ["EvaluationError", "PrefetchClosed", "PrefetchTimeout", "StoreError", "WorkerCrashed", "WorkerStartError",
+           "seterr", "wrap_error", "raised"]
 
 
 class EvaluationError(Exception):
@@ -32,6 +32,11 @@ class EvaluationError(Exception):
 
 class NotWrapped(Exception):
     """Mixin: errors about the machinery itself (not an item), never wrapped in EvaluationError."""
+
+
+class StoreError(OSError):
+    """A store's file is missing, truncated, corrupted or hostile, is not a store at all, or needs
+    an opt-in (``allow_pickle=True``) to be read. The message names the file and what is wrong."""
 
 
 class WorkerCrashed(NotWrapped, RuntimeError):

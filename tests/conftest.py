@@ -1,4 +1,5 @@
 import os
+import signal
 import threading
 
 import numpy as np
@@ -22,6 +23,20 @@ def pytest_configure(config):
 def soak_epochs(request) -> int:
     """Epochs a soak test runs after its warm-up: 200 with --soak, 30 otherwise (CI included)."""
     return SOAK_EPOCHS if request.config.getoption("--soak") else QUICK_EPOCHS
+
+
+@pytest.fixture
+def sigint_default():
+    """Ctrl-C (SIGINT) raises KeyboardInterrupt during the test, as in an interactive Python, however
+    pytest was started: a process started in the background or with ``nohup`` inherits SIGINT ignored,
+    and Python then leaves it ignored. Every test that sends SIGINT to itself uses this fixture; the
+    previous handler is put back afterwards. (A child process inherits SIG_IGN too: a script a test
+    interrupts installs ``signal.default_int_handler`` itself.)"""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(autouse=True)

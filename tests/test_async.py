@@ -234,6 +234,7 @@ def test_async_prefetch_passthrough_and_start_hook():
             p[0]
 
 
+@pytest.mark.usefixtures("sigint_default")
 def test_ctrl_c_while_waiting_stops_the_loop():
     async def slow(x):
         await asyncio.sleep(0.2)

@@ -284,6 +284,7 @@ def test_a_dataloader_resumes_after_a_crash_with_every_batch_once(workers, tmp_p
     assert seen + rest == reference
 
 
+@pytest.mark.usefixtures("sigint_default")
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("at", [3, 7])
 def test_a_dataloader_resumes_after_ctrl_c_with_every_batch_once(workers, at):

@@ -378,6 +378,7 @@ def test_close_does_not_wait_for_a_busy_worker_long():
     assert time.monotonic() - t < 5 and not any(alive(x) for x in pids)
 
 
+@pytest.mark.usefixtures("sigint_default")
 def test_ctrl_c_in_the_reader_stops_workers_and_restores_handlers():
     before = signal.getsignal(signal.SIGINT)
     p = mk(ls.smap(lambda x: time.sleep(0.2) or x, range(100)), "process")

@@ -155,6 +155,7 @@ def test_close_with_and_del_kill_the_actors():
     assert not wait_no_actors()
 
 
+@pytest.mark.usefixtures("sigint_default")
 def test_ctrl_c_while_reading_kills_the_actors():
     p = lazyseq.prefetch(lazyseq.smap(lambda x: time.sleep(0.2) or x, range(100)), 2, method="ray")
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))

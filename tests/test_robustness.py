@@ -101,6 +101,7 @@ def _slow_first_batch(i):
     return np.full(4, i, np.int64)
 
 
+@pytest.mark.usefixtures("sigint_default")
 def test_persistent_loader_works_again_after_ctrl_c():
     """docs/dataloader.md: persistent workers "live until close()"; Ctrl-C while reading stops the
     prefetch (docs/prefetch.md); the loader starts new workers for the next pass."""

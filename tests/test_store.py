@@ -53,7 +53,7 @@ def roundtrip(items, tmp_path, name="s", **kw):
     kw.setdefault("method", "thread")
     kw.setdefault("nworkers", 2)
     lazyseq.save(items, tmp_path / name, **kw)
-    store = lazyseq.load(tmp_path / name, verify=True)
+    store = lazyseq.load(tmp_path / name, verify=True, allow_pickle=kw.get("allow_pickle", False))
     assert len(store) == len(items)
     for i, x in enumerate(items):
         same(store[i], x, f"item {i}")
@@ -238,6 +238,32 @@ def test_resume_refuses_another_job(tmp_path):
     assert [int(x[0]) for x in lazyseq.load(path, verify=True)] == list(range(90))
 
 
+def test_a_resumed_save_evaluates_only_the_unfinished_shards(tmp_path):
+    """The plan (item 0's schema, items per shard) comes from the job file: the items sampled to
+    make it (0, n/4, n/2, 3n/4) are not evaluated again."""
+    calls = collections.Counter()
+
+    def item(i, fail_at=None):
+        calls[i] += 1
+        if i == fail_at:
+            raise ValueError("not yet")
+        return np.full(4, i)
+    path = tmp_path / "s"
+    with pytest.raises(lazyseq.EvaluationError, match="item 35"):
+        lazyseq.save(lazyseq.smap(lambda i: item(i, 35), range(40)), path, method="thread", nworkers=1, shard_bytes=320)
+    assert json.loads((tmp_path / ".s.lazyseq-partial/.progress/job.json").read_text())["per_shard"] == 10
+    calls.clear()
+    lazyseq.save(lazyseq.smap(item, range(40)), path, method="thread", nworkers=1, shard_bytes=320)
+    assert sorted(calls) == list(range(30, 40)) and set(calls.values()) == {1}
+    assert [int(x[0]) for x in lazyseq.load(path, verify=True)] == list(range(40))
+
+
+def test_an_unstorable_object_names_its_item_and_field(tmp_path):
+    items = lazyseq.smap(lambda i: {"a": {1} if i == 13 else 1}, range(40))  # 13 is not a sampled item
+    with pytest.raises(SchemaError, match=r"item 13, field \['a'\]: cannot store a builtins.set"):
+        lazyseq.save(items, tmp_path / "x", method="thread", shard_bytes=100)
+
+
 JOB = """
 import os, sys, time
 import numpy as np
@@ -255,6 +281,8 @@ def run(path, method="thread", nworkers=1):
                  progress=False)
 
 if __name__ == "__main__":
+    import signal
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C stops the save, however this was started
     run(sys.argv[1])
 """
 

@@ -242,6 +242,7 @@ def test_shared_memory_slots_and_items_held_by_the_consumer():
         assert sorted(int(a[0, 0]) for _, a in p.unordered(0, 20)) == list(range(20))
 
 
+@pytest.mark.usefixtures("sigint_default")
 @pytest.mark.parametrize("method,ctx", METHODS[:2])
 def test_ctrl_c_in_an_unordered_pass_stops_the_workers(method, ctx):
     import os

@@ -16,9 +16,8 @@ and griffe is only installed with the ``docs`` extra.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import re
-import types
 from typing import Any
 
 import griffe
@@ -37,7 +36,9 @@ WHOLE_MODULES = ("lazyseq.instrument", "lazyseq.cc", "lazyseq.aio")
 
 def public_names() -> dict[str, str]:
     """Each public short name of ``lazyseq`` -> the identifier of its entry in the reference pages."""
-    names = {name: reference_path(name) for name in lazyseq.__all__}
+    # ``lazyseq.<name>`` for each: no public name shares its name with a module of the package
+    # (tests/test_package_modules.py), so griffe, which reads the files, finds what Python imports
+    names = {name: f"lazyseq.{name}" for name in lazyseq.__all__}
     names.update({name: f"lazyseq.store.{name}" for name in ("StoreError", "SchemaError")})
     return names
 
@@ -45,16 +46,6 @@ def public_names() -> dict[str, str]:
 def module_names() -> dict[str, set[str]]:
     """The ``__all__`` of each module of ``WHOLE_MODULES``."""
     return {path: set(importlib.import_module(path).__all__) for path in WHOLE_MODULES}
-
-
-def reference_path(name: str) -> str:
-    """Where the reference documents ``lazyseq.<name>``: that path, unless a submodule has the name
-    (``lazyseq.collate`` the function hides the module at run time, not for griffe, which reads the
-    files): then the path of its definition."""
-    obj = getattr(lazyseq, name)
-    if not isinstance(obj, types.ModuleType) and importlib.util.find_spec(f"lazyseq.{name}") is not None:
-        return f"{obj.__module__}.{obj.__qualname__}"
-    return f"lazyseq.{name}"
 
 
 def link_roles(text: str, names: dict[str, str], modules: dict[str, set[str]] | None = None, here: str = "") -> str:

@@ -35,7 +35,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
-import psutil
 
 import lazyseq
 
@@ -73,6 +72,8 @@ class Sampler:
     def __init__(self, period: float = 0.1):
         self.period, self.epoch = period, 0
         self.peaks: dict[int, dict[int, tuple[int, int]]] = {}  # epoch -> pid -> (uss, pss)
+        import psutil  # imported when the bench runs: the package's modules import without it
+
         self.me, self._stop = psutil.Process(), threading.Event()
         self._thread = threading.Thread(target=self._loop, name="lazyseq-bench-memory", daemon=True)
 
@@ -89,6 +90,8 @@ class Sampler:
             self.sample()
 
     def sample(self) -> None:
+        import psutil
+
         peaks = self.peaks.setdefault(self.epoch, {})
         for child in self.me.children():
             try:
@@ -149,6 +152,8 @@ def lazyseq_loader(data: Any, eighth: list[int]) -> tuple[Any, Callable[[], None
 
 
 def _rss() -> int:
+    import psutil
+
     return psutil.Process().memory_info().rss
 
 
@@ -164,6 +169,8 @@ def _rows(peers: Iterable[str], data: Any, eighth: list[int], epochs: int, suffi
 
 def run(quick: bool = False) -> dict:
     n, epochs = (200_000, 2) if quick else (1_500_000, 3)
+    if importlib.util.find_spec("psutil") is None:
+        raise SystemExit("bench memory: measuring the workers' memory needs psutil: pip install 'lazyseq[bench]' (or psutil)")
     peers = ["torch", "lazyseq"] if _have_torch() else ["lazyseq"]
     if "torch" not in peers:
         print("(torch is not installed: its rows are skipped; pip install 'lazyseq[bench]')")

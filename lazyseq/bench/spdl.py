@@ -183,8 +183,32 @@ def _time(f: Callable[[], int], expected: int) -> float:
 
 
 def run(quick: bool = False) -> dict:
+    """Run the decode part (needs Pillow) and the async part; a missing peer (spdl, torch) or Pillow
+    is said so and skipped, the rest runs. Returns the results."""
     n = 128 if quick else 2000
     peers = {"spdl": _installed("spdl.pipeline"), "torch": _installed("torch")}
+    for name, pip in (("spdl", "spdl==0.8.0"), ("torch", "torch==2.13.0")):
+        if not peers[name]:
+            print(f"({name} is not installed: skipped; pip install 'lazyseq[bench]' (or {pip!r}) to compare with it)")
+    res = {"scenario": "spdl", "quick": quick, "peers": [k for k, v in peers.items() if v],
+           "skipped": [k for k, v in peers.items() if not v]}
+    if _installed("PIL"):
+        res.update(decode_part(n, peers))
+    else:
+        print("(Pillow is not installed: the decode part is skipped; pip install 'lazyseq[bench]' (or pillow))")
+        res["decode_skipped"] = "Pillow not installed"
+
+    m = 200 if quick else ASYNC_ITEMS
+    async_seconds = {name: _time(f, m) for name, f in async_runs(m, peers["spdl"]).items()}
+    print(f"async: {m} items x {ASYNC_SECONDS * 1e3:.0f} ms of awaited I/O, {ASYNC_WORKERS} at once: seconds")
+    for name, s in async_seconds.items():
+        print(f"  {name:40s} {s:9.3f} s  ({m / s:.0f} items/s)")
+    res["async"] = {"items": m, "seconds": async_seconds, "ideal_seconds": m * ASYNC_SECONDS / ASYNC_WORKERS}
+    return res
+
+
+def decode_part(n: int, peers: dict[str, bool]) -> dict:
+    """The decode part: ``n`` generated JPEGs read by every installed loader, one epoch each."""
     root = tempfile.mkdtemp(prefix="lazyseq-spdl-")
     try:
         paths = make_jpegs(root, n)
@@ -206,6 +230,8 @@ def run(quick: bool = False) -> dict:
                     lambda o=in_order: torch_epoch(paths, decode, o)
         if _installed("tinygrad"):
             runs["lazyseq threads + to_tensor stage"] = lambda: lazyseq_transfer_epoch(paths, decode)
+        else:
+            print("(tinygrad is not installed: the to_tensor row is skipped; pip install 'lazyseq[tinygrad]')")
         seconds = {name: _time(f, n) for name, f in runs.items()}
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -216,13 +242,5 @@ def run(quick: bool = False) -> dict:
           f"slower (decode: {per_image * 1e3:.2f} ms/image): images/s (ratio to lazyseq threads)")
     for name, v in images_per_s.items():
         print(f"  {name:40s} {v:9.0f}  ({ratio[name]:.2f}x)")
-
-    m = 200 if quick else ASYNC_ITEMS
-    async_seconds = {name: _time(f, m) for name, f in async_runs(m, peers["spdl"]).items()}
-    print(f"async: {m} items x {ASYNC_SECONDS * 1e3:.0f} ms of awaited I/O, {ASYNC_WORKERS} at once: seconds")
-    for name, s in async_seconds.items():
-        print(f"  {name:40s} {s:9.3f} s  ({m / s:.0f} items/s)")
-    return {"scenario": "spdl", "quick": quick, "images": n, "decode_ms_per_image": per_image * 1e3,
-            "peers": [k for k, v in peers.items() if v], "skipped": [k for k, v in peers.items() if not v],
-            "images_per_s": images_per_s, "ratio_to_lazyseq_threads": ratio,
-            "async": {"items": m, "seconds": async_seconds, "ideal_seconds": m * ASYNC_SECONDS / ASYNC_WORKERS}}
+    return {"images": n, "decode_ms_per_image": per_image * 1e3, "images_per_s": images_per_s,
+            "ratio_to_lazyseq_threads": ratio}

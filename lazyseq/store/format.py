@@ -10,21 +10,18 @@ A store is a directory::
 The structure is JSON: ``{"leaf": k}`` for field ``k``, or a container ``{"dict"|"list"|"tuple":
 class or null, "items": [...], "keys": [...] (dicts), "fields": [...] (namedtuples)}``. A class
 is ``"module:qualname"``; null is the plain built-in type. See docs/store.md for the fields.
+Reading a manifest: :mod:`.checks` checks it, :mod:`.build` rebuilds items from its structure.
 """
 
 from __future__ import annotations
 
 import collections
-import importlib
 import json
 import os
 import pickle
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
-from ..helpers import warn
 
 FORMAT = "lazyseq.store"
 VERSION = 1
@@ -173,79 +170,6 @@ def _brief(node: Any, depth: int = 0) -> str:
     return f"{name}({', '.join(parts)})"
 
 
-# -- rebuilding items: the structure as one compiled function of the leaf values --------------------
-def _namedtuple(name: str, fields: tuple) -> type:
-    cls = _NAMEDTUPLES.get((name, fields))
-    if cls is None:
-        cls = collections.namedtuple(name, fields)
-        cls.__reduce__ = lambda self: (_make_namedtuple, (name, fields, tuple(self)))  # pickles by its spec
-        _NAMEDTUPLES[(name, fields)] = cls
-    return cls
-
-
-_NAMEDTUPLES: dict[tuple, type] = {}
-
-
-def _make_namedtuple(name: str, fields: tuple, values: tuple) -> tuple:
-    return _namedtuple(name, fields)(*values)
-
-
-def resolve(name: str | None, base: type, fields: list | None = None) -> type:
-    """The class ``module:qualname``; a namedtuple that cannot be imported is made again from its
-    name and fields; another class that cannot be imported falls back to ``base`` (warned)."""
-    if name is None:
-        return base
-    module, _, qual = name.partition(":")
-    try:
-        obj: Any = importlib.import_module(module)
-        for part in qual.split("."):
-            obj = getattr(obj, part)
-        if isinstance(obj, type) and issubclass(obj, base) and (fields is None or list(getattr(obj, "_fields", ())) == fields):
-            return obj
-    except Exception:
-        pass
-    if fields is not None:
-        return _namedtuple(qual.rsplit(".", 1)[-1], tuple(fields))
-    warn(f"lazyseq.load: the class {name} cannot be imported; its items come back as {base.__name__}")
-    return base
-
-
-def builder(structure: Any) -> Callable[[tuple], Any]:
-    """The function that turns a tuple of leaf values into the item (generated once per store)."""
-    names: dict[str, Any] = {}
-
-    def ref(obj: Any) -> str:
-        key = f"C{len(names)}"
-        names[key] = obj
-        return key
-
-    def code(node: Any) -> str:
-        if "leaf" in node:
-            return f"v[{node['leaf']}]"
-        parts = [code(n) for n in node["items"]]
-        if "dict" in node:
-            pairs = ", ".join(f"{k!r}: {p}" for k, p in zip(node["keys"], parts))
-            cls = resolve(node["dict"], dict)
-            if cls is dict:
-                return f"{{{pairs}}}"
-            if issubclass(cls, collections.defaultdict):
-                factory = resolve(node.get("factory"), object) if node.get("factory") else None
-                return f"{ref(cls)}({ref(factory)}, {{{pairs}}})"
-            return f"{ref(cls)}({{{pairs}}})"
-        if "list" in node:
-            cls = resolve(node["list"], list)
-            return f"[{', '.join(parts)}]" if cls is list else f"{ref(cls)}([{', '.join(parts)}])"
-        cls = resolve(node["tuple"], tuple, node.get("fields"))
-        if cls is tuple:
-            return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
-        if "fields" in node:
-            return f"{ref(cls)}({', '.join(parts)})"
-        return f"{ref(cls)}(({', '.join(parts)}{',' if len(parts) == 1 else ''}))"
-
-    body = code(structure)
-    return eval(f"lambda v: {body}", names)  # built from the manifest's keys (repr) and resolved classes
-
-
 # -- files -----------------------------------------------------------------------------------------
 def write_json_atomic(path: str, obj: Any) -> None:
     """Write ``obj`` as JSON to ``path`` so that a crash leaves the old file or the new one, whole."""
@@ -273,8 +197,8 @@ def read_json(path: str, what: str) -> Any:
             return json.load(f)
     except FileNotFoundError:
         raise
-    except (OSError, ValueError) as e:
-        raise OSError(f"{what} {path} cannot be read: {e}") from None
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: JSON nested too deep
+        raise OSError(f"{what} {path} cannot be read: {type(e).__name__}: {str(e)[:200]}") from None
 
 
 def pickle_dumps(x: Any) -> bytes:

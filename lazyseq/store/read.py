@@ -5,6 +5,7 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
+import stat
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -12,30 +13,42 @@ from typing import Any
 import numpy as np
 
 from ..base import View
+from ..errors import StoreError
+from . import checks
 from . import format as fmt
+from .build import builder
 from .write import file_crc
 
-__all__ = ["Store", "load", "StoreError"]
+__all__ = ["Store", "load"]
 
 _OPEN_SHARDS = 256  # memory maps kept open at once (each holds a file descriptor)
 _Reader = tuple[Callable[[int], Any], Callable[[int, int], list]]  # one item; items a..b of a shard
 
 
-class StoreError(OSError):
-    """A store's file is missing, truncated or corrupted, or is not a store at all."""
+def _text(b: bytes) -> str:
+    return str(b, "utf-8", "surrogatepass")
 
 
-def _bytes_like(kind: str, mm: Any, offs: np.ndarray, base: int) -> _Reader:
-    decode: Callable[[bytes], Any] = {
-        "str": lambda b: str(b, "utf-8", "surrogatepass"), "np.str_": lambda b: np.str_(str(b, "utf-8", "surrogatepass")),
-        "bytes": bytes, "np.bytes_": np.bytes_, "bytearray": bytearray, "pickle": pickle.loads}[kind]
+_DECODE: dict[str, Callable[[bytes], Any]] = {
+    "str": _text, "np.str_": lambda b: np.str_(_text(b)), "bytes": bytes, "np.bytes_": np.bytes_,
+    "bytearray": bytearray, "pickle": pickle.loads}  # pickle: only for a store loaded with allow_pickle=True
+
+
+def _bytes_like(kind: str, mm: Any, offs: np.ndarray, base: int, where: str) -> _Reader:
+    decode = _DECODE[kind]
 
     def one(j: int) -> Any:
-        return decode(mm[base + int(offs[j]) : base + int(offs[j + 1])])
+        try:
+            return decode(mm[base + int(offs[j]) : base + int(offs[j + 1])])
+        except UnicodeDecodeError as e:
+            raise StoreError(f"{where}, item {j} of the shard, is not valid UTF-8: {e.reason}") from None
 
     def many(a: int, b: int) -> list:
         o = (offs[a : b + 1] + base).tolist()
-        return [decode(mm[o[t] : o[t + 1]]) for t in range(b - a)]
+        try:
+            return [decode(mm[o[t] : o[t + 1]]) for t in range(b - a)]
+        except UnicodeDecodeError:
+            return [one(j) for j in range(a, b)]  # names the item
 
     return one, many
 
@@ -64,45 +77,48 @@ class _Shard:
 
     __slots__ = ("ones", "manys", "mm")
 
-    def __init__(self, path: str, rec: dict, fields: list[dict], dtypes: list[np.dtype | None]):
-        try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size != rec["bytes"]:
-                    raise StoreError(f"{path} is truncated or was changed: {size} bytes, the manifest says {rec['bytes']}")
-                self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    def __init__(self, root: str, rec: dict, fields: list[dict], dtypes: list[np.dtype | None]):
+        path = checks.shard_file(root, rec["file"])
+        try:  # O_NONBLOCK: a FIFO put in the shard's place since the check cannot make open() wait
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
         except FileNotFoundError:
             raise StoreError(f"{path} is missing: the store is incomplete") from None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise StoreError(f"{path} is not a regular file: a store's shards are plain files")
+            if st.st_size != rec["bytes"]:
+                raise StoreError(f"{path} is truncated or was changed: {st.st_size} bytes, the manifest says {rec['bytes']}")
+            self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if st.st_size else b""
         m = rec["stop"] - rec["start"]
         readers = [self._reader(path, f, lay, dt, m) for f, lay, dt in zip(fields, rec["fields"], dtypes)]
         self.ones, self.manys = [r[0] for r in readers], [r[1] for r in readers]
 
-    def _table(self, part: list, dtype: str, shape: tuple, path: str, what: str) -> np.ndarray:
-        off, nbytes = part
-        if nbytes != int(np.prod(shape)) * np.dtype(dtype).itemsize or off + nbytes > len(self.mm):
-            raise StoreError(f"{path} is corrupted: the {what} table does not fit ({part}); the manifest and the file disagree")
-        return np.ndarray(shape, dtype, buffer=self.mm, offset=off)
+    def _table(self, part: list, dtype: Any, shape: tuple) -> np.ndarray:
+        """The table at ``part``, whose size and bounds the manifest's checks (:mod:`.checks`) vouch for."""
+        return np.ndarray(shape, dtype, buffer=self.mm, offset=part[0])
 
     def _reader(self, path: str, field: dict, lay: dict, dt: np.dtype | None, m: int) -> _Reader:
-        kind, mm, what = field["kind"], self.mm, f"field {field['path']}"
+        kind, mm, what = field["kind"], self.mm, f"{path}, field {field['path']}"
         if kind == "none":
             return (lambda j: None), lambda a, b: [None] * (b - a)
         if kind in fmt.BYTES_LIKE or ("shape" not in lay and kind == "array"):
-            offs = self._table(lay["offsets"], "<i8", (m + 1,), path, f"{what} offsets")
+            offs = self._table(lay["offsets"], "<i8", (m + 1,))
             base, nbytes = lay["data"]
-            if kind == "array":
-                shapes = self._table(lay["shapes"], "<i8", (m, field["ndim"]), path, f"{what} shapes")
-                ends = offs[:m] + np.prod(shapes, axis=1) * dt.itemsize
-                if m and ((shapes < 0).any() or (ends > offs[1:]).any() or offs[m] > nbytes or (offs[:m] < 0).any()):
-                    raise StoreError(f"{path} is corrupted: the offsets or shapes of {what} are out of bounds")
-                return _var_array(dt, mm, base, offs, shapes)
-            if m and (offs[0] != 0 or offs[m] > nbytes or (np.diff(offs) < 0).any()):
-                raise StoreError(f"{path} is corrupted: the offsets of {what} are out of bounds")
-            if base + nbytes > len(mm):
-                raise StoreError(f"{path} is corrupted: {what} does not fit in the file")
-            return _bytes_like(kind, mm, offs, base)
+            # each item's bytes lie in the data part, after the previous item's: never another's bytes
+            bad = m and (offs[0] < 0 or offs[m] > nbytes or (np.diff(offs) < 0).any())
+            if kind == "array" and not bad:
+                shapes = self._table(lay["shapes"], "<i8", (m, field["ndim"]))
+                sizes = np.prod(shapes.astype(np.float64), axis=1) * dt.itemsize  # no int64 overflow
+                bad = m and ((shapes < 0).any() or (offs[:m] + sizes > offs[1:]).any())
+                if not bad:
+                    return _var_array(dt, mm, base, offs, shapes)
+            if bad:
+                raise StoreError(f"{path} is corrupted: the offsets{' or shapes' * (kind == 'array')} of field "
+                                 f"{field['path']} point outside its data or make items overlap")
+            return _bytes_like(kind, mm, offs, base, what)
         shape = (m, *lay.get("shape", ()))
-        return _fixed(kind, self._table(lay["data"], dt, shape, path, what))
+        return _fixed(kind, self._table(lay["data"], dt, shape))
 
 
 class Store(View):
@@ -111,37 +127,35 @@ class Store(View):
 
     checks_keys = False
 
-    def __init__(self, path: str | os.PathLike, *, verify: bool = False):
+    def __init__(self, path: str | os.PathLike, *, verify: bool = False, allow_pickle: bool = False):
         path = os.path.abspath(os.fspath(path))
-        self._setup(path, _manifest(path))
+        manifest = _manifest(path)
+        self._setup(path, manifest, allow_pickle, checks.manifest(manifest, os.path.join(path, fmt.MANIFEST), allow_pickle))
         self._check_files(verify)
 
     @classmethod
-    def _reopen(cls, path: str, manifest: dict) -> Store:
+    def _reopen(cls, path: str, manifest: dict, allow_pickle: bool = False) -> Store:
         self = cls.__new__(cls)
-        self._setup(path, manifest)
+        file = os.path.join(path, fmt.MANIFEST)
+        self._setup(path, manifest, allow_pickle, checks.manifest(manifest, file, allow_pickle), warn=False)
         return self
 
-    def __reduce__(self):  # the path and the manifest: a worker maps the files itself
-        return (Store._reopen, (self.path, self.manifest))
+    def __reduce__(self):  # the path, the manifest and the trust: a worker maps the files itself
+        return (Store._reopen, (self.path, self.manifest, self.allow_pickle))
 
-    def _setup(self, path: str, manifest: dict) -> None:
-        self.path, self.manifest = path, manifest
+    def _setup(self, path: str, manifest: dict, allow_pickle: bool, dtypes: list, warn: bool = True) -> None:
+        self.path, self.manifest, self.allow_pickle = path, manifest, allow_pickle
         self.n, self.per_shard = manifest["length"], manifest["per_shard"]
-        self.fields, self.records = manifest["fields"], manifest["shards"]
-        self._dtypes = [fmt.dtype_from_json(f["dtype"]) if "dtype" in f else fmt.PYTHON.get(f["kind"])
-                        for f in self.fields]
-        self._build = fmt.builder(manifest["structure"]) if self.n else None
+        self.fields, self.records, self._dtypes = manifest["fields"], manifest["shards"], dtypes
+        file = os.path.join(path, fmt.MANIFEST)
+        self._build = builder(manifest["structure"], allow_import=allow_pickle, file=file, warn=warn) if self.n else None
         self._open: dict[int, _Shard] = {}
         self._lock = threading.Lock()
 
     def _check_files(self, verify: bool) -> None:
         for rec in self.records:
-            f = os.path.join(self.path, rec["file"])
-            try:
-                size = os.path.getsize(f)
-            except FileNotFoundError:
-                raise StoreError(f"{f} is missing: the store is incomplete") from None
+            f = checks.shard_file(self.path, rec["file"])
+            size = os.path.getsize(f)
             if size != rec["bytes"]:
                 raise StoreError(f"{f} is truncated or was changed: {size} bytes, the manifest says {rec['bytes']}")
             if verify and file_crc(f) != rec["crc32"]:
@@ -159,8 +173,7 @@ class Store(View):
                 if shard is None:
                     if len(self._open) >= _OPEN_SHARDS:  # the oldest opened goes; arrays read from it stay valid
                         del self._open[next(iter(self._open))]
-                    rec = self.records[k]
-                    shard = self._open[k] = _Shard(os.path.join(self.path, rec["file"]), rec, self.fields, self._dtypes)
+                    shard = self._open[k] = _Shard(self.path, self.records[k], self.fields, self._dtypes)
         return shard
 
     def _get(self, i: int) -> Any:
@@ -201,7 +214,7 @@ class Store(View):
             what = f["kind"] if f["kind"] not in ("array", "scalar") else str(dt)
             if f["kind"] == "scalar":
                 what = f"numpy {dt} scalar"
-            shape = "variable" if f["shape"] is None else str(tuple(f["shape"]))
+            shape = "variable" if f.get("shape") is None else str(tuple(f["shape"]))
             if f["kind"] in ("none", "scalar", *fmt.PYTHON):
                 shape = ""
             lines.append(f"{'└─' if k == len(self.fields) - 1 else '├─'} {f['path']}  {what}  {shape}".rstrip())
@@ -241,25 +254,23 @@ def _manifest(path: str) -> dict:
     if not isinstance(m, dict) or m.get("format") != fmt.FORMAT:
         raise StoreError(f"{file} is not the manifest of a lazyseq store")
     if m.get("version") != fmt.VERSION:
-        raise StoreError(f"{file} has format version {m.get('version')}; this lazyseq reads version {fmt.VERSION}")
-    try:
-        starts = [r["start"] for r in m["shards"]]
-        ok = starts == list(range(0, m["length"], m["per_shard"])) and all(
-            r["stop"] == min(m["length"], r["start"] + m["per_shard"]) and len(r["fields"]) == len(m["fields"])
-            for r in m["shards"])
-    except (KeyError, TypeError) as e:
-        raise StoreError(f"{file} is corrupted: {type(e).__name__}: {e}") from None
-    if not ok:
-        raise StoreError(f"{file} is corrupted: its shards do not cover items 0 to {m['length']}")
+        raise StoreError(f"{file} has format version {m.get('version')!r:.40}; this lazyseq reads version {fmt.VERSION}")
     return m
 
 
-def load(path: str | os.PathLike, *, verify: bool = False) -> Store:
+def load(path: str | os.PathLike, *, verify: bool = False, allow_pickle: bool = False) -> Store:
     """The store that :func:`lazyseq.save` wrote at ``path``, as a view with O(1) reads.
 
     ``store[i]`` equals the saved ``seq[i]``: values, dtypes, shapes, and the container types (a
-    namedtuple class that cannot be imported by its qualified name, e.g. one defined in a
-    function or a notebook, comes back as a namedtuple of the same name and fields). Arrays come
+    namedtuple class that is not imported comes back as a namedtuple of the same name and fields).
+
+    A store is data: loading and reading one never unpickles and never imports a module. Every
+    count, offset, size, dtype and file name of the manifest is checked against the shard files
+    first, and a bad one raises :class:`StoreError` naming the file. A container class the manifest
+    names is used only if its module is already imported and it is the kind the manifest declares
+    (else the item comes back as a plain dict, list or tuple, with a warning). A store with pickled
+    fields is refused unless ``allow_pickle=True``, which also lets the store's classes be imported:
+    only for stores you trust. The flag travels with the store to prefetch workers. Arrays come
     back as **read-only, zero-copy views** of a memory map of the shard file (``np.array(x)``
     copies one); reading a contiguous range in bulk (``batch``) costs one slice per field.
     Slices and index arrays are lazy views. A store pickles as its path and manifest, so prefetch
@@ -273,4 +284,4 @@ def load(path: str | os.PathLike, *, verify: bool = False) -> Store:
     >>> store[3], len(store), store[3][0].flags.writeable
     ((array([3, 3]), 9), 10, False)
     """
-    return Store(path, verify=verify)
+    return Store(path, verify=verify, allow_pickle=allow_pickle)

@@ -156,9 +156,11 @@ def finished(root: str, k: int, r: range) -> dict | None:
 class ShardWriter(View):
     """Item ``k``: shard ``k`` of ``seq`` evaluated and written under ``root``; its record."""
 
-    def __init__(self, seq: Any, root: str, n: int, per_shard: int, first: tuple, allow_pickle: bool):
+    def __init__(self, seq: Any, root: str, n: int, per_shard: int, first: tuple, allow_pickle: bool,
+                 resumed_for: str | None = None):
         self.src, self.root, self.n, self.per_shard = seq, root, n, per_shard
         self.first, self.allow_pickle = first, allow_pickle  # item 0's (structure, fields)
+        self.resumed_for = resumed_for  # the destination, when the schema is an interrupted job's
 
     def _len(self) -> int:
         return -(-self.n // self.per_shard)
@@ -183,8 +185,14 @@ class ShardWriter(View):
             if type(x) is Failed:
                 e = x.error
                 raise e if isinstance(e, EvaluationError) else wrap_error(e, i, self.src)
-            if fmt.schema(x, self.allow_pickle) != self.first:
+            try:
+                same = fmt.schema(x, self.allow_pickle) == self.first
+            except fmt.SchemaError as e:
+                raise fmt.SchemaError(f"item {i}, {e}") from None
+            if not same:
                 why = fmt.mismatch(self.first, x, self.allow_pickle)
+                if self.resumed_for is not None:  # the pipeline changed since the interrupted run
+                    raise _other_job(self.root, self.resumed_for, f"item {i}'s fields differ from its item 0's: {why}")
                 raise fmt.SchemaError(f"items 0 and {i} have different structures: {why}")
             for col, leaf in zip(cols, tree.leaves(x)):
                 col.append(leaf)
@@ -261,35 +269,48 @@ def _locked(root: str) -> Iterator[None]:
         f.close()
 
 
-def _job(root: str, n: int, ref: tuple, per_shard: int, fingerprint: str | None, overwrite: bool, dest: str) -> int:
-    """The number of items per shard: the interrupted job's if it is this one, else a new job's."""
+class OtherJob(FileExistsError):
+    """The interrupted save in a partial directory is of another job than the one asked for."""
+
+
+def _other_job(root: str, dest: str, why: str) -> OtherJob:
+    return OtherJob(f"lazyseq.save: {root} holds an interrupted save of another job ({why}), which a rerun can resume; "
+                    f"to save this job to {dest} instead, pass overwrite=True or delete that directory")
+
+
+def _prepare(root: str, seq: Any, n: int, shard_bytes: int, allow_pickle: bool, fingerprint: str | None,
+             overwrite: bool, dest: str) -> tuple[tuple, int, bool]:
+    """Item 0's schema, the items per shard, and whether they are an interrupted job's. An interrupted
+    job with the same length and fingerprint is resumed from its job file, evaluating no item (its
+    shards check each item against the schema as they write it); another is refused, or discarded
+    with ``overwrite=True``."""
     path = os.path.join(root, fmt.PROGRESS, fmt.JOB)
-    job = {"format": fmt.FORMAT, "version": fmt.VERSION, "length": n, "structure": ref[0], "fields": ref[1],
-           "fingerprint": fingerprint, "per_shard": per_shard}
     try:
         old = fmt.read_json(path, "the job file")
     except FileNotFoundError:
         old = None
     except OSError:
         old = {}
+    same = {"format": fmt.FORMAT, "version": fmt.VERSION, "length": n, "fingerprint": fingerprint}
+    if isinstance(old, dict):
+        diff = [k for k, v in same.items() if old.get(k) != v]
+        if not diff and isinstance(old.get("per_shard"), int) and old["per_shard"] >= 1 \
+                and "structure" in old and isinstance(old.get("fields"), list):
+            return (old["structure"], old["fields"]), old["per_shard"], True
+    ref, per_shard = _plan(seq, n, shard_bytes, allow_pickle) if n else ((None, []), 1)
     if old is not None:
-        diff = [k for k in ("format", "version", "length", "structure", "fields", "fingerprint")
-                if old.get(k) != job[k]]
-        if not diff and isinstance(old.get("per_shard"), int):
-            return old["per_shard"]
         if not overwrite:
-            raise FileExistsError(
-                f"lazyseq.save: {root} holds an interrupted save of another job (its {', '.join(diff)} "
-                f"differ{'s' if len(diff) == 1 else ''}), which a rerun can resume; to save this job to {dest} "
-                "instead, pass overwrite=True or delete that directory")
+            what = f"its {', '.join(diff)} differ{'s' if len(diff) == 1 else ''}" if isinstance(old, dict) and diff \
+                else "its job file cannot be read"
+            raise _other_job(root, dest, what)
         for name in os.listdir(root):  # another job's shards: start afresh, keeping the lock
             if name != fmt.PROGRESS:
                 os.remove(os.path.join(root, name))
         for name in os.listdir(os.path.join(root, fmt.PROGRESS)):
             if name != "lock":
                 os.remove(os.path.join(root, fmt.PROGRESS, name))
-    fmt.write_json_atomic(path, job)
-    return per_shard
+    fmt.write_json_atomic(path, {**same, "structure": ref[0], "fields": ref[1], "per_shard": per_shard})
+    return ref, per_shard, False
 
 
 def _check_dest(dest: str, overwrite: bool) -> None:
@@ -345,8 +366,8 @@ def _run(writer: ShardWriter, nworkers: int, method: str, bar: Any) -> list[dict
                     bar.update(rec["stop"] - rec["start"])
     except EvaluationError as e:
         cause = e.__cause__
-        if isinstance(cause, fmt.SchemaError):  # raised as it is: it names the items
-            raise fmt.SchemaError(str(cause)) from None
+        if isinstance(cause, (fmt.SchemaError, OtherJob)):  # raised as it is: it names the items
+            raise type(cause)(str(cause)) from None
         notes = getattr(e, "__notes__", [])
         while notes and any(notes[-1].endswith(f" of {d}") for d in ours):  # the user's pipeline's notes stay
             notes.pop()
@@ -396,13 +417,12 @@ def save(seq: Any, path: str | os.PathLike, *, nworkers: int = 0, method: str = 
     _check_dest(dest, overwrite)
     root = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.lazyseq-partial")
     with _locked(root):
-        ref, per_shard = _plan(seq, n, shard_bytes, allow_pickle) if n else ((None, []), 1)
-        per_shard = _job(root, n, ref, per_shard, fingerprint, overwrite, dest)
+        ref, per_shard, resumed = _prepare(root, seq, n, shard_bytes, allow_pickle, fingerprint, overwrite, dest)
         for d in (root, os.path.join(root, fmt.PROGRESS)):  # what a killed writer left half written
             for name in os.listdir(d):
                 if name.endswith(".tmp"):
                     os.remove(os.path.join(d, name))
-        writer = ShardWriter(seq, root, n, per_shard, ref, allow_pickle)
+        writer = ShardWriter(seq, root, n, per_shard, ref, allow_pickle, dest if resumed else None)
         records = _run(writer, nworkers, method, _progress_bar(progress, n, dest)) if n else []
         for rec in records:
             rec.pop("resumed", None)
