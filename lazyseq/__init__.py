@@ -14,6 +14,7 @@ from .store import Store, load, save
 from .tensor import to_tensor
 from .views.caching import add_cache
 from .views.chunked import block_shuffle, chunks
+from .views.epochs import at_epoch
 from .views.faults import Skip, on_error
 from .views.indexing import arange, case, cycle, gather, interleave, repeat, switch, take, uniter
 from .views.mapping import smap, starmap
@@ -30,7 +31,7 @@ __all__ = [
     "WorkerStartError", "add_cache", "arange", "batch", "case", "collate", "concatenate", "cycle", "empty",
     "empty_like", "gather", "instrument", "interleave", "prefetch", "repeat", "seterr", "shard", "shuffle",
     "smap", "split", "starmap", "switch", "take", "unbatch", "uniter",
-    "Skip", "block_shuffle", "chunks", "on_error",
+    "Skip", "at_epoch", "block_shuffle", "chunks", "on_error",
     "SerializableFunc",
     "mix",
     "shutdown_ray",

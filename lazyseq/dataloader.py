@@ -21,6 +21,7 @@ from .evaluation import Prefetch, prefetch
 from .helpers import ALIGN, PAGE
 from .node import check_source, length, read_many
 from .seeding import SeedEachItem, WorkerInit
+from .views.epochs import at_epoch
 from .views.indexing import arange, gather
 from .views.mapping import smap
 from .views.order import shard, shuffle
@@ -179,7 +180,8 @@ class DataLoader:
 
     def _size_shm(self) -> int:
         """Slots sized from the first sample: its buffers times the batch size, 1.25x."""
-        data = SeedEachItem(self.dataset, self.seed, self.epoch) if self.seed_each_item else self.dataset
+        data = at_epoch(self.dataset, self.epoch)
+        data = SeedEachItem(data, self.seed, self.epoch) if self.seed_each_item else data
         sample = read_many(data, [0])[0] if len(self.dataset) else None
         nbytes, nbuf = buffer_bytes(sample)
         per_batch = (nbytes * (self.batch_size or 1) + ALIGN * nbuf) * 1.25 + PAGE
@@ -338,7 +340,8 @@ class _Plan:
     def __call__(self, epoch: int, order: Any = None, start: int = 0) -> View:
         """The batches of ``epoch`` (its order: ``order`` for a custom sampler), this rank's share of
         its global order from item ``start`` on."""
-        data = SeedEachItem(self.dataset, self.seed, epoch, self.owner) if self.seed_each_item else self.dataset
+        data = at_epoch(self.dataset, epoch)  # views built with epoch=None follow this epoch: O(views)
+        data = SeedEachItem(data, self.seed, epoch, self.owner) if self.seed_each_item else data
         if self.batch_sampler is not None:
             lists = order if order is not None else [list(b) for b in self.batch_sampler]
             lists = shard(lists[start:], self.rank, self.world_size, self.drop_last)

@@ -28,8 +28,8 @@ def refused(method: str) -> str:
             f"each item, but the workers of method={method!r} run in the reader's process and share them, "
             "so items would draw each other's numbers; use worker processes (method='process', the "
             "default), num_workers=0, or give each item its own generator with "
-            "lazyseq.smap(f, dataset, seed=(seed, epoch)): f(item, rng=g) draws from g, a pure function "
-            "of (seed, index), without global state")
+            "lazyseq.smap(f, dataset, seed=seed): f(item, rng=g) draws from g, a pure function "
+            "of (seed, epoch, index) that follows the loader's epoch, without global state")
 
 _M63 = (1 << 63) - 1
 

@@ -314,7 +314,7 @@ def test_block_shuffle_with_chunk_cuts_and_pickling():
     assert check_groups(order, blocks_of(28, data.cuts), 2) == 3
     copy = pickle.loads(cloudpickle.dumps(shuffled))
     assert copy._recent == () and list(copy) == order
-    assert "block_shuffle(5 blocks, window=2, seed=5, epoch=0)" in repr(shuffled)
+    assert "block_shuffle(5 blocks, window=2, seed=5, epoch=None)" in repr(shuffled)
 
 
 def test_block_shuffle_errors():

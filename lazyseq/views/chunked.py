@@ -18,6 +18,7 @@ import numpy as np
 from ..base import Remap, View
 from ..helpers import fname
 from ..node import Failed, into, length
+from .epochs import FollowsEpoch
 
 __all__ = ["chunks", "block_shuffle"]
 
@@ -272,19 +273,23 @@ def _bounds(block: Any, n: int) -> np.ndarray:
     return np.unique(np.concatenate(([0], cuts, [n])))  # repeated cuts (empty chunks) make no block
 
 
-class BlockShuffle(Remap):
-    def __init__(self, seq: Any, block: Any, seed: int | None, epoch: int, window: int):
+class BlockShuffle(FollowsEpoch, Remap):
+    def __init__(self, seq: Any, block: Any, seed: int | None, epoch: int | None, window: int):
         self._bind(seq, "block_shuffle")
         n = length(seq)
         if n is None:
             raise TypeError("block_shuffle: the sequence has no len(); only finite sequences can be shuffled")
         self.seed = int.from_bytes(os.urandom(8), "little") if seed is None else operator.index(seed)
-        self.epoch, self.window = operator.index(epoch), operator.index(window)
+        self.window = operator.index(window)
         if self.window < 1:
             raise ValueError(f"block_shuffle: window must be >= 1 blocks, got {window}")
         self._n = n
-        bounds = _bounds(block, n)
-        order = _rng(self.seed, self.epoch).permutation(len(bounds) - 1)
+        self._bounds = _bounds(block, n)
+        self._init_epoch(epoch, "block_shuffle")
+
+    def _epoch_setup(self) -> None:
+        bounds = self._bounds
+        order = _rng(self.seed, self._epoch).permutation(len(bounds) - 1)
         self._first = bounds[:-1][order]  # the blocks in epoch order: first index and size
         self._size = np.diff(bounds)[order]
         group_sizes = np.add.reduceat(self._size, np.arange(0, len(order), self.window)) if len(order) else []
@@ -308,7 +313,7 @@ class BlockShuffle(Remap):
                 return src
         lo, hi = g * self.window, (g + 1) * self.window
         src = np.concatenate([np.arange(f, f + s, dtype=np.int64) for f, s in zip(self._first[lo:hi], self._size[lo:hi])])
-        _rng(self.seed, self.epoch, g).shuffle(src)
+        _rng(self.seed, self._epoch, g).shuffle(src)
         self._recent = ((g, src), *self._recent[:1])  # one assignment: readers in other threads see either
         return src
 
@@ -335,10 +340,11 @@ class BlockShuffle(Remap):
         return self._map_many(range(self._n))
 
     def describe(self) -> str:
-        return f"block_shuffle({self.blocks} blocks, window={self.window}, seed={self.seed}, epoch={self.epoch})"
+        return f"block_shuffle({self.blocks} blocks, window={self.window}, seed={self.seed}, {self._epoch_text()})"
 
 
-def block_shuffle(seq: Any, block: int | Sequence[int], seed: int | None, epoch: int = 0, window: int = 8) -> View:
+def block_shuffle(seq: Any, block: int | Sequence[int], seed: int | None, epoch: int | None = None,
+                  window: int = 8) -> View:
     """A shuffle for data on slow storage: whole blocks in a random order, items shuffled within
     each group of ``window`` consecutive blocks, so reading in order works through ``window``
     blocks at a time.
@@ -347,7 +353,8 @@ def block_shuffle(seq: Any, block: int | Sequence[int], seed: int | None, epoch:
     points: the index where each block after the first starts (``chunks(...).cuts`` gives one
     block per chunk file). Every item comes once per epoch; the order is fixed by
     ``(seed, epoch)`` and differs between epochs (``seed=None`` draws a seed once, kept in
-    ``.seed``). Reads are O(log groups); the order within a group is computed when the group is
+    ``.seed``; ``epoch=None`` follows the :class:`DataLoader`'s epoch, 0 outside one). Reads are
+    O(log groups); the order within a group is computed when the group is
     first read (O(group size)) and the last two groups' orders are kept.
 
     >>> import lazyseq

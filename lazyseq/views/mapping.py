@@ -1,5 +1,5 @@
 """Views that apply a function to every item: smap, starmap; with a seed, each item gets its own
-random generator, a pure function of (seed, index)."""
+random generator, a pure function of (seed, epoch, index)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from ..base import View
 from ..errors import wrap_error
 from ..helpers import fname
 from ..node import Failed, bulk_reader, check_source, checks_keys, is_finite, length, read_each, read_many, reader
+from .epochs import FollowsEpoch
 
 __all__ = ["smap", "starmap"]
 
@@ -216,18 +217,24 @@ def _takes_rng(f: Callable) -> bool:
     return any(p.kind is p.VAR_KEYWORD or (p.name == "rng" and p.kind is not p.POSITIONAL_ONLY) for p in params)
 
 
-class SeededMap(Map):
-    """``f(*items, rng=g)``: ``g`` is item ``i``'s own generator, a pure function of ``(seed, i)``."""
+class SeededMap(FollowsEpoch, Map):
+    """``f(*items, rng=g)``: ``g`` is item ``i``'s own generator, a pure function of ``(seed, epoch, i)``."""
 
-    def __init__(self, f: Callable, *seqs: Any, star: bool = False, seed: Any):
+    def __init__(self, f: Callable, *seqs: Any, star: bool = False, seed: Any, epoch: int | None = None):
         super().__init__(f, *seqs, star=star)
         name = "starmap" if star else "smap"
-        parts = check_seed(seed, name)
+        self._parts = check_seed(seed, name)
         if not _takes_rng(f):
             raise TypeError(f"{name}: with a seed, f is called as f(..., rng=generator), but "
                             f"{fname(f)} takes no rng keyword; add one (def {fname(f)}(..., rng): ...)")
-        self.seed = parts if isinstance(seed, (tuple, list)) else parts[0]
-        self._seedkey = seed_key("smap", parts)
+        self.seed = self._parts if isinstance(seed, (tuple, list)) else self._parts[0]
+        self._init_epoch(epoch, name)
+
+    def _epoch_setup(self) -> None:
+        # epoch 0 keeps the numbers smap(seed=) gave before epochs existed; another epoch is its own
+        # domain of the hash, so (seed, epoch) never collides with another seed tuple's epoch 0
+        e = self._epoch
+        self._seedkey = seed_key("smap" if e == 0 else f"smap.epoch{e}", self._parts)
 
     def _call(self, i: int, args: Any) -> Any:
         rng = np.random.Generator(np.random.PCG64(ItemSeed(self._seedkey, i)))
@@ -273,10 +280,11 @@ class SeededMap(Map):
         return out
 
     def describe(self) -> str:
-        return f"{'starmap' if self.star else 'smap'}({fname(self.f)}, seed={self.seed!r})"
+        epoch = "" if self.epoch is None and self._epoch == 0 else f", {self._epoch_text()}"
+        return f"{'starmap' if self.star else 'smap'}({fname(self.f)}, seed={self.seed!r}{epoch})"
 
 
-def smap(f: Callable, *seqs: Any, seed: Any = None) -> View:
+def smap(f: Callable, *seqs: Any, seed: Any = None, epoch: int | None = None) -> View:
     """Map ``f`` over the items of one or more sequences, lazily: ``[f(*x) for x in zip(*seqs)]``.
 
     Items are computed each time they are read (add :func:`add_cache` to keep them). With several
@@ -284,9 +292,9 @@ def smap(f: Callable, *seqs: Any, seed: Any = None) -> View:
 
     With ``seed`` (an int >= 0 or a tuple of them, e.g. ``(seed, epoch)``), ``f`` is called as
     ``f(*x, rng=g)``: ``g`` is a ``numpy.random.Generator`` of item ``i``'s own, a pure function
-    of ``(seed, i)``, so an item gets the same random numbers whoever reads it, in any order, in
-    any worker. ``i`` is this view's index: put the epoch in the seed, or map after the epoch's
-    shuffle, to draw anew every epoch.
+    of ``(seed, epoch, i)``, so an item gets the same random numbers whoever reads it, in any
+    order, in any worker. ``epoch=None`` follows the epoch of the :class:`DataLoader` that reads
+    it, so each epoch draws anew (outside a loader it is 0); an int fixes it.
 
     >>> import lazyseq
     >>> m = lazyseq.smap(lambda x: x + 2, [1, 2, 3, 4])
@@ -298,13 +306,15 @@ def smap(f: Callable, *seqs: Any, seed: Any = None) -> View:
     >>> list(noisy) == list(noisy) == [noisy[0], noisy[1], noisy[2]]
     True
     """
-    return _awaiting(Map(f, *seqs) if seed is None else SeededMap(f, *seqs, seed=seed))
+    if seed is None and epoch is not None:
+        raise ValueError("smap: epoch= only matters with a seed (it selects the items' random numbers)")
+    return _awaiting(Map(f, *seqs) if seed is None else SeededMap(f, *seqs, seed=seed, epoch=epoch))
 
 
-def starmap(f: Callable, seq: Any, seed: Any = None) -> View:
+def starmap(f: Callable, seq: Any, seed: Any = None, epoch: int | None = None) -> View:
     """Map ``f`` over a sequence of argument tuples: ``[f(*args) for args in seq]``, lazily.
 
-    With ``seed``, ``f(*args, rng=g)`` as in :func:`smap`.
+    With ``seed`` (and ``epoch``), ``f(*args, rng=g)`` as in :func:`smap`.
 
     >>> import lazyseq
     >>> list(lazyseq.starmap(pow, [(2, 3), (3, 2)]))
@@ -313,7 +323,9 @@ def starmap(f: Callable, seq: Any, seed: Any = None) -> View:
     >>> [round(x) for x in jitter] in ([6, 6], [6, 7], [7, 6], [7, 7])
     True
     """
-    return _awaiting(Map(f, seq, star=True) if seed is None else SeededMap(f, seq, star=True, seed=seed))
+    if seed is None and epoch is not None:
+        raise ValueError("starmap: epoch= only matters with a seed (it selects the items' random numbers)")
+    return _awaiting(Map(f, seq, star=True) if seed is None else SeededMap(f, seq, star=True, seed=seed, epoch=epoch))
 
 
 def _awaiting(view: Map) -> Map:

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..base import Routed, View
 from ..node import check_source, length, reader
+from .epochs import FollowsEpoch
 from .mapping import check_seed, item_rng, seed_key
 
 __all__ = ["mix", "BLOCK"]
@@ -149,8 +150,8 @@ class Rule:
 
 
 # -- the view ------------------------------------------------------------------------------------------
-class Mix(Routed):
-    def __init__(self, seqs: Sequence[Any], weights: Any, seed: Any, epoch: int, stop: Any):
+class Mix(FollowsEpoch, Routed):
+    def __init__(self, seqs: Sequence[Any], weights: Any, seed: Any, epoch: int | None, stop: Any):
         if isinstance(seqs, dict) or not hasattr(seqs, "__iter__"):
             raise TypeError(f"mix: seqs must be a list of sequences, got {type(seqs).__name__}")
         self.seqs = tuple(check_source(s, "mix") for s in seqs)
@@ -166,14 +167,14 @@ class Mix(Routed):
         if isinstance(self.stop, int) and self.stop < 0:
             raise ValueError(f"mix: stop must be 'first', 'all' or a length >= 0, got {stop}")
         self._n = self._length()
-        if isinstance(epoch, (bool, np.bool_)) or not isinstance(epoch, (int, np.integer)):
-            raise TypeError(f"mix: epoch must be an int, got {type(epoch).__name__} {epoch!r}")
-        self.epoch = int(epoch)
-        self.seed, self._blockkey = None, None
+        self.seed, self._parts = None, None
         if seed is not None:
-            parts = check_seed(seed, "mix")
-            self.seed = parts if isinstance(seed, (tuple, list)) else parts[0]
-            self._blockkey = seed_key("mix", (*parts, self.epoch))
+            self._parts = check_seed(seed, "mix")
+            self.seed = self._parts if isinstance(seed, (tuple, list)) else self._parts[0]
+        self._init_epoch(epoch, "mix")
+
+    def _epoch_setup(self) -> None:
+        self._blockkey = None if self._parts is None else seed_key("mix", (*self._parts, self._epoch))
         self._blocks: dict[int, list[tuple[int, int]]] = {}
 
     def _length(self) -> int:
@@ -262,18 +263,20 @@ class Mix(Routed):
         w = ":".join(map(str, self.weights))
         if len(w) > 40:
             w = ":".join(f"{a / self._rule.total:.3g}" for a in self.weights)
-        seed = "" if self.seed is None else f", seed={self.seed!r}, epoch={self.epoch}"
+        seed = "" if self.seed is None else f", seed={self.seed!r}, {self._epoch_text()}"
         return f"mix({len(self.seqs)} sequences, weights={w}{seed}, stop={self.stop!r})"
 
 
-def mix(seqs: Sequence[Any], weights: Any = None, seed: Any = None, epoch: int = 0, stop: Any = "first") -> View:
+def mix(seqs: Sequence[Any], weights: Any = None, seed: Any = None, epoch: int | None = None, stop: Any = "first") -> View:
     """Items taken from several sequences in the proportions of ``weights`` (equal when None).
 
     In every prefix of the mix, each sequence's count is within 1 of its share for two sequences
     and within 2 for more. The ``j``-th item taken from a sequence is its item ``j`` (compose with
     :func:`shuffle` for a random order within each). Without a seed the interleaving is even and
     fixed; with a seed (an int >= 0 or a tuple of them), each block of :data:`BLOCK` items has the
-    same sources in a random order, a pure function of ``(seed, epoch)``.
+    same sources in a random order, a pure function of ``(seed, epoch)``; ``epoch=None`` follows
+    the :class:`DataLoader`'s epoch (0 outside one). Under a loader, a :func:`shuffle` inside (with
+    ``epoch=None``) gives each epoch another part of a large source.
 
     ``stop='first'``: the longest mix that reads no sequence past its end; ``'all'``: the shortest
     that reads every sequence to its end (those done earlier go round again); an int: that length

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..base import Remap, View
 from ..node import is_finite, length
+from .epochs import FollowsEpoch
 
 __all__ = ["shuffle", "shard"]
 
@@ -30,22 +31,24 @@ def _mix(v, key):
     return h ^ (h >> 29)
 
 
-class Shuffle(Remap):
+class Shuffle(FollowsEpoch, Remap):
     ROUNDS = 4
 
-    def __init__(self, seq: Any, seed: int | None, epoch: int):
+    def __init__(self, seq: Any, seed: int | None, epoch: int | None):
         self._bind(seq, "shuffle")
         if length(seq) is None:
             raise TypeError("shuffle: the sequence has no len(); only finite sequences can be shuffled")
         self.seed = int.from_bytes(os.urandom(8), "little") if seed is None else operator.index(seed)
-        self.epoch = operator.index(epoch)
-        self._setup(len(seq))
+        self._init_epoch(epoch, "shuffle")
+
+    def _epoch_setup(self) -> None:
+        self._setup(len(self.src))
 
     def _setup(self, n: int) -> None:
         # A bijection of [0, 2**bits) from an unbalanced Feistel network; cycle-walking (applying
         # it again while the result is >= n) makes it a bijection of [0, n) with O(1) state.
         self._n, bits = n, max(2, (n - 1).bit_length())
-        digest = hashlib.blake2b(f"lazyseq.shuffle:{self.seed}:{self.epoch}".encode(), digest_size=4 * self.ROUNDS).digest()
+        digest = hashlib.blake2b(f"lazyseq.shuffle:{self.seed}:{self._epoch}".encode(), digest_size=4 * self.ROUNDS).digest()
         keys = [int.from_bytes(digest[4 * r : 4 * r + 4], "little") for r in range(self.ROUNDS)]
         hi = bits // 2
         self._rounds = []
@@ -89,15 +92,17 @@ class Shuffle(Remap):
         return self._map_many(range(len(self)))
 
     def describe(self) -> str:
-        return f"shuffle(seed={self.seed}, epoch={self.epoch})"
+        return f"shuffle(seed={self.seed}, {self._epoch_text()})"
 
 
-def shuffle(seq: Any, seed: int | None, epoch: int = 0) -> View:
+def shuffle(seq: Any, seed: int | None, epoch: int | None = None) -> View:
     """A random permutation of ``seq``, fixed by ``(seed, epoch)``; each epoch gets another order.
 
     Building it is O(1): item ``i`` is ``seq[p(i)]`` where ``p`` is a keyed bijection (a Feistel
     network with cycle-walking), computed per read, so no permutation table is ever stored.
     ``seed=None`` draws a seed once (kept in ``.seed``, so copies sent to workers agree).
+    ``epoch=None`` follows the epoch of the :class:`DataLoader` that reads it (0 outside one);
+    an int fixes it (see :mod:`lazyseq.views.epochs`).
 
     >>> import lazyseq
     >>> s = lazyseq.shuffle(range(10), seed=42)

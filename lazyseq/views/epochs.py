@@ -1,0 +1,159 @@
+"""Epochs: the views whose order or random numbers depend on an epoch (``shuffle``,
+``block_shuffle``, ``mix``, ``smap``/``starmap`` with ``seed=``) take ``epoch=None``.
+
+Built with ``epoch=None``, a view *follows* the epoch of whoever reads it by epochs: a
+:class:`lazyseq.DataLoader` binds each epoch with :func:`at_epoch` (``set_epoch``, iteration,
+resume and persistent workers alike); read outside a loader, ``None`` is epoch 0. Built with an
+int, a view keeps that epoch whatever the loader's.
+
+:func:`at_epoch` never changes a view: it returns a copy of the path from the root to each view
+that follows, bound to the epoch, and shares every other part (subtrees without such a view,
+sources, functions, data). It costs O(number of views), once per epoch, and nothing per item.
+"""
+
+from __future__ import annotations
+
+import operator
+from types import MethodType
+from typing import Any
+
+import numpy as np
+
+from ..node import Node
+
+__all__ = ["FollowsEpoch", "at_epoch", "check_epoch", "follows_epoch"]
+
+
+def check_epoch(epoch: Any, where: str) -> int | None:
+    """``epoch`` as given to a view: None (follow the loader's) or an int >= 0."""
+    if epoch is None:
+        return None
+    if isinstance(epoch, (bool, np.bool_)) or not isinstance(epoch, (int, np.integer)):
+        raise TypeError(f"{where}: epoch must be None (follow the DataLoader's epoch) or an int >= 0, "
+                        f"got {type(epoch).__name__} {epoch!r}")
+    if epoch < 0:
+        raise ValueError(f"{where}: epoch must be >= 0, got {int(epoch)}")
+    return operator.index(epoch)
+
+
+class FollowsEpoch:
+    """A view whose order or random numbers depend on an epoch.
+
+    ``epoch`` is what it was built with (None: it follows); ``_epoch`` is the epoch it reads now
+    (``epoch``, or the one a loader bound, or 0). A subclass computes what depends on the epoch in
+    :meth:`_epoch_setup`, which runs in ``__init__`` and on each bound copy."""
+
+    epoch: int | None
+    _epoch: int
+
+    def _init_epoch(self, epoch: Any, where: str) -> None:
+        self.epoch = check_epoch(epoch, where)
+        self._epoch = 0 if self.epoch is None else self.epoch
+        self._epoch_setup()
+
+    def _epoch_setup(self) -> None:
+        raise NotImplementedError
+
+    def _epoch_text(self) -> str:
+        """``epoch=...`` for ``describe``: what it was built with, and the bound epoch when it follows one."""
+        if self.epoch is not None:
+            return f"epoch={self.epoch}"
+        return "epoch=None" if self._epoch == 0 else f"epoch={self._epoch} (the loader's)"
+
+
+def follows_epoch(seq: Any) -> bool:
+    """Whether ``seq`` holds a view built with ``epoch=None``: a loader's epochs change its items."""
+    return any(isinstance(v, FollowsEpoch) and v.epoch is None for v in _walk(seq, set()))
+
+
+def _walk(node: Any, seen: set) -> Any:
+    if not isinstance(node, Node) or id(node) in seen or getattr(node, "epoch_opaque", False):
+        return
+    seen.add(id(node))
+    yield node
+    for k in _links(node):
+        yield from _walk(k, seen)
+
+
+_TUPLE_SCAN = 4096  # a tuple attribute longer than this is data (a source), not a view's sources
+
+
+def _links(node: Any) -> list:
+    """The nodes ``node`` holds in its attributes: directly, as a bound method's ``__self__`` (the
+    cached readers ``src._get``), or in a tuple of them (``seqs``, ``_rds``)."""
+    out = []
+    for v in getattr(node, "__dict__", {}).values():
+        if isinstance(v, Node):
+            out.append(v)
+        elif isinstance(v, MethodType) and isinstance(v.__self__, Node):
+            out.append(v.__self__)
+        elif type(v) is tuple and len(v) <= _TUPLE_SCAN:
+            out += [x if isinstance(x, Node) else x.__self__ for x in v
+                    if isinstance(x, Node) or (isinstance(x, MethodType) and isinstance(x.__self__, Node))]
+    return out
+
+
+def _relinked(v: Any, swap: dict[int, Any]) -> Any:
+    new = swap.get(id(v))
+    if new is not None:
+        return new
+    if isinstance(v, MethodType) and id(v.__self__) in swap:
+        return MethodType(v.__func__, swap[id(v.__self__)])
+    if type(v) is tuple and len(v) <= _TUPLE_SCAN:
+        t = tuple(_relinked(x, swap) for x in v)
+        return t if any(a is not b for a, b in zip(t, v)) else v
+    return v
+
+
+def _copy(node: Any, swap: dict[int, Any]) -> Any:
+    """A copy of ``node`` as a worker would get it (``__getstate__``: caches start empty) whose links
+    to the nodes in ``swap`` lead to their replacements."""
+    state = node.__getstate__()
+    state = dict(state if state is not None else node.__dict__)
+    for k, v in state.items():
+        state[k] = _relinked(v, swap)
+    c = object.__new__(type(node))
+    if hasattr(c, "__setstate__"):
+        c.__setstate__(state)
+    else:
+        c.__dict__.update(state)
+    return c
+
+
+def at_epoch(seq: Any, epoch: int) -> Any:
+    """``seq`` with every view built with ``epoch=None`` reading epoch ``epoch`` (views built with
+    an int keep theirs): the DataLoader's way to bind an epoch. ``seq`` itself is unchanged, and
+    returned as it is when nothing in it follows the epoch.
+
+    >>> import lazyseq
+    >>> s = lazyseq.shuffle(range(6), seed=1)          # epoch=None: 0 here, the loader's inside one
+    >>> list(lazyseq.at_epoch(s, 0)) == list(s), list(lazyseq.at_epoch(s, 1)) == list(lazyseq.shuffle(range(6), 1, epoch=1))
+    (True, True)
+    >>> fixed = lazyseq.shuffle(range(6), seed=1, epoch=5)
+    >>> lazyseq.at_epoch(fixed, 1) is fixed
+    True
+    """
+    epoch = check_epoch(epoch, "at_epoch")
+    if epoch is None:
+        raise TypeError("at_epoch: give the epoch to bind, an int >= 0")
+    memo: dict[int, Any] = {}
+
+    def bind(node: Any) -> Any:
+        if not isinstance(node, Node) or getattr(node, "epoch_opaque", False):
+            return node
+        done = memo.get(id(node))
+        if done is not None:
+            return done
+        memo[id(node)] = node  # (a view tree has no cycles; this keeps a malformed one finite)
+        swap = {id(k): n for k in _links(node) if (n := bind(k)) is not k}
+        follows = isinstance(node, FollowsEpoch) and node.epoch is None and node._epoch != epoch
+        new = node
+        if swap or follows:
+            new = _copy(node, swap)
+            if follows:
+                new._epoch = epoch
+                new._epoch_setup()
+        memo[id(node)] = new  # a view read twice in the tree (a shared subtree) is copied once
+        return new
+
+    return bind(seq)
