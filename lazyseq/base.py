@@ -34,10 +34,13 @@ from .node import (
     bulk_reader,
     check_source,
     checks_keys,
+    columnar,
     each,
     into,
     is_finite,
     length,
+    read_array,
+    read_columns,
     read_each,
     read_many,
     reader,
@@ -111,6 +114,13 @@ class View(Node):
 
     def __bool__(self) -> bool:
         return not self.finite or self._len() > 0
+
+    def _repr_html_(self) -> str:
+        """Notebooks: the tree, the length and the first items (thumbnails for images), read only
+        when shown, bounded in time (:mod:`lazyseq.html`)."""
+        from .html import view_html
+
+        return view_html(self)
 
     def _subview(self, key) -> View:
         if isinstance(key, slice):
@@ -189,6 +199,20 @@ class Remap(View):
     def _set(self, i: int, value: Any) -> None:
         self.src[self._map(i)] = value
 
+    # reads by columns (node.read_columns): the indices go down the chain as one array
+    def _map_array(self, idx: np.ndarray) -> np.ndarray:
+        """``_map_many`` on an int64 array, giving one (remaps that can, vectorise it)."""
+        return np.asarray(self._map_many(idx.tolist()), dtype=np.int64)
+
+    def _columnar(self) -> bool:
+        return columnar(self.src)
+
+    def _get_columns(self, idx: np.ndarray) -> Any:
+        return read_columns(self.src, self._map_array(idx))
+
+    def _get_array(self, idx: np.ndarray) -> np.ndarray:
+        return read_array(self.src, self._map_array(idx))
+
 
 class Slice(Remap):
     """Items ``r`` (a range) of ``src``; slices of slices fold into one range."""
@@ -198,9 +222,10 @@ class Slice(Remap):
     def __init__(self, src: Any, r: range):
         self._bind(src, "slice")
         self.r, self._map = r, r.__getitem__
+        self._len = itertools.repeat(span(r)).__next__  # a fixed length, returned by a C call
 
-    def _len(self) -> int:
-        return span(self.r)
+    def _map_array(self, idx: np.ndarray) -> np.ndarray:
+        return self.r.start + idx * self.r.step
 
     def _slice(self, r: range) -> View:
         sub = compose(self.r.start, self.r.step, r)
@@ -328,6 +353,8 @@ class Gather(View):
         self.finite = is_finite(indexes)
         # lengths through _len for views: len() overflows past sys.maxsize (gather(v, arange(10**30)))
         self._n, self._srclen = sizer(indexes) if self.finite else None, sizer(src) if self._srcfinite else None
+        if self.finite:
+            self._len = self._n  # one call less per read of a view above (a batch asks on every read)
 
     def _len(self) -> int:
         return self._n()
@@ -373,7 +400,7 @@ class Gather(View):
         return read(ind, idx)
 
     def _get_many(self, idx: Sequence[int]) -> list:
-        js = self._indices(idx, read_many)
+        js = list(map(self.indexes.__getitem__, idx)) if self._list else self._indices(idx, read_many)
         if not self._trust:
             js = [self._index(j) for j in js]
         try:
@@ -411,6 +438,32 @@ class Gather(View):
 
     def _set(self, i: int, value: Any) -> None:
         self.src[self._index(self._ird(i))] = value
+
+    # reads by columns: the index entries as one array, checked as _index does (else the item path)
+    def _source_array(self, idx: np.ndarray) -> np.ndarray | None:
+        try:
+            js = read_array(self.indexes, idx)
+        except (TypeError, ValueError, IndexError, OverflowError):  # not ints: the item path says why
+            return None
+        if self._srcfinite:
+            n = self._srclen()
+            js = np.where(js < 0, js + n, js)
+            if len(js) and (js.min() < 0 or js.max() >= n):
+                return None
+        elif len(js) and js.min() < 0:
+            return None
+        return js
+
+    def _columnar(self) -> bool:
+        return columnar(self.src)
+
+    def _get_columns(self, idx: np.ndarray) -> Any:
+        js = self._source_array(idx)
+        return NotImplemented if js is None else read_columns(self.src, js)
+
+    def _get_array(self, idx: np.ndarray) -> np.ndarray:
+        js = self._source_array(idx)
+        return View._get_array(self, idx) if js is None else read_array(self.src, js)
 
     def children(self) -> tuple:
         return (self.src, self.indexes) if isinstance(self.indexes, View) else (self.src,)

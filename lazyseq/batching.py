@@ -35,6 +35,9 @@ def default_collate(items: Sequence[Any]) -> Any:
         raise ValueError(f"default_collate: {e}; make the samples alike or pass a collate_fn") from None
 
 
+default_collate.by_columns = True  # a batch of a store is read by columns (views.shape.Batch._columns)
+
+
 def _stack(xs: list) -> Any:
     first = xs[0]
     if isinstance(first, (str, bytes)):

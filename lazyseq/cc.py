@@ -3,12 +3,14 @@
 tinygrad (0.14) compiles every CPU kernel by running ``$CC`` (``clang`` by default) with clang's
 flags, ``--target=<arch>-none-unknown-elf`` among them. It reads ``CC`` through its cached
 ``getenv`` when it compiles its first kernel (the CPU device compiles four of its own as it
-opens), not at import. So :func:`setup`, which :func:`lazyseq.to_tensor`, the ``DataLoader`` and
-the demo call before tinygrad opens a device, can still point ``CC`` at the shim ``cc.sh`` beside
-this file: a POSIX shell script that rewrites the target into Zig's spelling and runs ``zig cc``.
+opens), not at import. So :func:`setup`, which :func:`lazyseq.to_tensor`, the ``DataLoader`` (when
+built with ``to_tensor=True``) and the demo call before tinygrad opens a device, can still point
+``CC`` at the shim ``cc.sh`` beside this file: a POSIX shell script that rewrites the target into
+Zig's spelling and runs ``zig cc``.
 
-``import lazyseq`` already sets the shim up where ``CC`` is unset and ``PATH`` has no ``clang``
-(:func:`preset`, cheap), so tinygrad used directly before any lazyseq call compiles too. The rule, in order:
+``import lazyseq`` changes nothing in ``os.environ``: ``CC`` is set when tinygrad is first used
+through lazyseq. tinygrad used directly before that needs ``lazyseq.cc.setup()`` first (or ``CC``
+exported: ``python -m lazyseq.cc --path``). The rule, in order:
 
 1. ``CC`` set: left alone, whatever it is (the user's choice).
 2. ``clang`` on ``PATH`` that compiles for the freestanding target: nothing to do (tinygrad's default).
@@ -30,7 +32,7 @@ from importlib.util import find_spec
 
 from .errors import NotWrapped
 
-__all__ = ["SHIM", "CompilerNotFound", "check_device", "describe", "preset", "require", "setup", "zig_target"]
+__all__ = ["SHIM", "CompilerNotFound", "check_device", "describe", "require", "setup", "zig_target"]
 
 SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cc.sh")
 TINYGRAD_ARCH = {"amd64": "x86_64", "aarch64": "arm64"}  # platform.machine() -> tinygrad's arch name
@@ -117,8 +119,12 @@ def _shim_runnable() -> bool:
 
 def _choose() -> tuple[str | None, str]:
     """(the value for CC or None, the reason): the rule of the module docstring."""
-    if os.environ.get("CC"):
-        return os.environ["CC"], f"CC={os.environ['CC']} (set by you or a parent process; lazyseq leaves it alone)"
+    cc = os.environ.get("CC")
+    if cc and cc == SHIM:
+        return cc, (f"CC={cc}: lazyseq's Zig shim (zig: {os.environ.get('LAZYSEQ_ZIG') or zig_binary() or 'none found'}), "
+                    "set before lazyseq looked (an export, your code, or a parent process that used lazyseq)")
+    if cc:
+        return cc, f"CC={cc} (set by you or a parent process; lazyseq leaves it alone)"
     clang = clang_works()
     if clang is None:
         return "clang", "clang on PATH"
@@ -150,14 +156,6 @@ def setup() -> str | None:
                 helpers.getenv.cache_clear()
         _state.update(cc=cc, why=why)
     return _state["cc"]
-
-
-def preset() -> None:
-    """Run by ``import lazyseq``: where ``CC`` is unset and there is no ``clang`` on ``PATH`` at all,
-    :func:`setup` now (no process is run for that), so that tinygrad used directly, before any
-    lazyseq call, finds the shim too. A ``clang`` that exists is tested by :func:`setup` later."""
-    if "cc" not in _state and not os.environ.get("CC") and shutil.which("clang") is None:
-        setup()
 
 
 def describe() -> str:

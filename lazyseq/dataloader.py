@@ -17,6 +17,8 @@ from typing import Any
 from .base import Routed, View
 from .batching import buffer_bytes, default_collate
 from .dataloader_checks import method_checks, seed_from, torch_checks
+from .dataloader_words import LoaderWords, Replaced, crashed, epoch_counters
+from .errors import WorkerCrashed
 from .evaluation import Prefetch, prefetch
 from .helpers import ALIGN, PAGE
 from .node import check_source, length, read_many
@@ -117,6 +119,11 @@ class DataLoader:
             batch_size, shuffle, sampler, batch_sampler, num_workers, drop_last, timeout, multiprocessing_context,
             prefetch_factor, persistent_workers)
         method_checks(method, num_workers, shm_size, multiprocessing_context, seed_each_item)
+        if to_tensor:  # refused now, not at the first batch; and tinygrad's CPU compiler is set up (lazyseq.cc)
+            from .tensor import prepare
+
+            prepare("DataLoader(to_tensor=True), the default, makes tinygrad Tensors", "or pass to_tensor=False "
+                    "for numpy batches")
         if not 0 <= rank < world_size:
             raise ValueError(f"DataLoader: need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
         self.dataset = check_source(dataset, "DataLoader")
@@ -141,9 +148,11 @@ class DataLoader:
         self._epochs: _Epochs | None = None  # what the persistent workers read
         self._open: weakref.WeakSet[Prefetch] = weakref.WeakSet()  # dropped sequences stop their workers
         self.shm_size_used: int | None = None  # what shm_size=None was sized to, from the first sample
-        self._shm_note = ("no process workers" if num_workers == 0 or method != "process" else
-                          "not sized yet" if shm_size is None else f"given: shm_size={shm_size}")
+        self._shm_note = "no process workers" if num_workers == 0 or method != "process" else \
+            "not sized yet" if shm_size is None else self._given_note(shm_size)
         self._warned = False  # about a custom order restarting persistent workers
+        self._last: dict | None = None  # what stats() says of the last epoch read (to its end or not)
+        self._replaced = Replaced()  # on_error replacements in this process (no workers, thread workers)
 
     # -- the pipeline ----------------------------------------------------------------------------
     def _custom_order(self) -> bool:
@@ -174,21 +183,40 @@ class DataLoader:
         if self.method == "process":  # sized once, from the first sample; later epochs reuse the size
             shm = self.shm_size if self.shm_size is not None else self.shm_size_used or self._size_shm()
             ctx = self.multiprocessing_context
-        return prefetch(seq, self.num_workers, self.method, self.num_workers * self.prefetch_factor + 1,
+        words = LoaderWords(self.to_tensor, self.num_workers, self.prefetch_factor, self.shm_size is None)
+        return prefetch(seq, self.num_workers, self.method, self._slots(),
                         WorkerInit(self.seed, self.rank, epoch, self.worker_init_fn, self.seed_each_item, self.method), shm,
-                        mp_context=ctx, timeout=self.timeout or None, lazy_start=True)
+                        mp_context=ctx, timeout=self.timeout or None, lazy_start=True, words=words,
+                        report=Replaced() if self.method == "process" else None)
+
+    def _slots(self) -> int:
+        """Batches in flight (the prefetch's max_buffered): the shared-memory slots of process workers."""
+        return self.num_workers * self.prefetch_factor + 1
+
+    def _given_note(self, shm_size: int) -> str:
+        slots = self._slots()
+        return (f"given: shm_size={shm_size} / {slots} slots (num_workers {self.num_workers} x prefetch_factor "
+                f"{self.prefetch_factor} + 1) = {shm_size // slots} bytes, rounded down to a multiple of {ALIGN}: "
+                f"{shm_size // slots // ALIGN * ALIGN} bytes per slot")
 
     def _size_shm(self) -> int:
-        """Slots sized from the first sample: its buffers times the batch size, 1.25x."""
+        """Slots sized from the first sample: its buffers times the batch size, with their alignment,
+        1.25x, in whole pages; the note (``stats()['shm']``) says every term."""
         data = at_epoch(self.dataset, self.epoch)
         data = SeedEachItem(data, self.seed, self.epoch) if self.seed_each_item else data
         sample = read_many(data, [0])[0] if len(self.dataset) else None
         nbytes, nbuf = buffer_bytes(sample)
-        per_batch = (nbytes * (self.batch_size or 1) + ALIGN * nbuf) * 1.25 + PAGE
-        slots = self.num_workers * self.prefetch_factor + 1
-        self.shm_size_used = int(per_batch) * slots
-        self._shm_note = (f"sized from the first sample: {nbytes} bytes in {nbuf} arrays x batch {self.batch_size or 1}"
-                          f" x 1.25 = {int(per_batch)} bytes per slot, {slots} slots")
+        # A slot holds one batch: each array of it starts on an ALIGN boundary, 1.25x of room, in whole
+        # pages (so shm_size / slots is the slot the pool makes, and workers never share a page).
+        bs, slots = self.batch_size or 1, self._slots()
+        roomy = -(-(nbytes * bs + ALIGN * nbuf) * 5 // 4)
+        slot = max(PAGE, -(-roomy // PAGE) * PAGE)
+        self.shm_size_used = slot * slots
+        arrays = f"{nbuf} array{'' if nbuf == 1 else 's'}"
+        self._shm_note = (f"sized from the first sample: ({nbytes} bytes x batch {bs} + {ALIGN} bytes of alignment x "
+                          f"{arrays}) x 1.25 = {roomy} bytes, rounded up to whole {PAGE}-byte pages: {slot} bytes per "
+                          f"slot; x {slots} slots (num_workers {self.num_workers} x prefetch_factor "
+                          f"{self.prefetch_factor} + 1) = shm_size {self.shm_size_used}")
         return self.shm_size_used
 
     def make_sequence(self, epoch: int | None = None) -> View:
@@ -238,17 +266,45 @@ class DataLoader:
             seq = own = self._prefetch(batches, epoch)
             self._open.add(own)
         seq = self._tensors(seq)
+        live = own if own is not None else self._persistent if self.num_workers else None
+        root = batches if self.num_workers == 0 or own is not None else self._epochs  # where on_error views count
+        before, finished = self._counters(live, root), False
         try:
             for b in range(first, nb):
                 item = seq[b]
                 self._batch = b + 1
                 yield item
                 del item
-            self.epoch, self._start, self._batch = epoch + 1, 0, 0
+            self.epoch, self._start, self._batch, finished = epoch + 1, 0, 0, True
+        except WorkerCrashed as e:
+            if live is None or live._error is not e:  # not this loader's workers (a prefetch in the dataset)
+                raise
+            where = (lambda i: (epoch, i)) if own is not None else self._epochs._where
+            raise crashed(e, where, epoch, self._batch) from None
         finally:
+            self._epoch_ended(epoch, (nb if finished else self._batch) - first, finished, live, root, before)
             if own is not None and own in self._open:
                 self._open.discard(own)
                 own.close()
+
+    def _counters(self, live: Prefetch | None, root: Any) -> tuple[dict | None, int | None]:
+        """The prefetch's counters now, and the items on_error views replaced so far (None: not
+        counted, as with Ray actors): summed over process workers, else counted in this process."""
+        stats = live.stats() if live is not None else None
+        if live is not None and self.method == "process":
+            return stats, stats["reported"]
+        return stats, None if live is not None and self.method == "ray" else self._replaced(root)
+
+    def _epoch_ended(self, epoch: int, read: int, finished: bool, live: Prefetch | None, root: Any,
+                     before: tuple[dict | None, int | None]) -> None:
+        """Keep what stats() says of this epoch: its counters (the change over it, for persistent workers)."""
+        stats, replaced = self._counters(live, root)
+        last: dict = {"epoch": epoch, "batches": read, "finished": finished}
+        if stats is not None:
+            last["prefetch"] = epoch_counters(stats, before[0])
+        if replaced is not None:
+            last["skipped"] = replaced - (before[1] or 0)
+        self._last = last
 
     def _persistent_part(self, plan: _Plan, epoch: int, start: int, nb: int) -> View:
         """The ``nb`` batches of ``epoch`` from item ``start`` on, read by the persistent workers
@@ -302,12 +358,22 @@ class DataLoader:
             self._persistent = None
 
     def stats(self) -> dict:
-        """The prefetch counters of the running workers, and how the shared memory was sized."""
-        out: dict = {"epoch": self.epoch, "batch": self._batch, "shm": self._shm_note,
-                     "shm_size": self.shm_size if self.shm_size is not None else self.shm_size_used}
+        """Where the loader stands (``epoch``, ``batch``), how the shared memory was sized (``shm``:
+        every term of the sum; ``shm_size``; ``slot_size``, the bytes of one batch's slot), the
+        ``prefetch`` counters and ``worker_pids`` of the running workers, and ``last_epoch``: what
+        the last epoch read (to its end or not) did, kept after its workers stop: its ``epoch``,
+        the ``batches`` read, whether it ``finished``, its ``prefetch`` counters (for persistent
+        workers, their change over the epoch) and ``skipped``: the items that ``on_error`` views
+        in the dataset replaced, summed over the workers (not counted with ``method='ray'``)."""
+        shm = self.shm_size if self.shm_size is not None else self.shm_size_used
+        out: dict = {"epoch": self.epoch, "batch": self._batch, "shm": self._shm_note, "shm_size": shm}
+        if self.num_workers and self.method == "process":
+            out["slot_size"] = shm // self._slots() // ALIGN * ALIGN if shm else None  # as the slot pool cuts it
         live = self._persistent or next(iter(self._open), None)
         if live is not None:
             out.update(prefetch=live.stats(), worker_pids=live.worker_pids())
+        if self._last is not None:
+            out["last_epoch"] = {**self._last}
         return out
 
     def close(self) -> None:
@@ -324,6 +390,18 @@ class DataLoader:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def __repr__(self) -> str:
+        """The settings, the length in batches and the next batch's epoch, then the dataset's tree."""
+        from .html import loader_repr
+
+        return loader_repr(self)
+
+    def _repr_html_(self) -> str:
+        """Notebooks: the ``repr``, then the dataset's first items (:mod:`lazyseq.html`)."""
+        from .html import loader_html
+
+        return loader_html(self)
 
 
 class _Plan:

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> float:
     print(f"test accuracy: {accuracy:.1%} after {args.epochs} epochs in {time.perf_counter() - t0:.1f} s")
     p = stats.get("prefetch", {})
     if p:
-        print(f"shared memory: {stats['shm']}; {p['bytes_shm'] / 2**20:.1f} MiB through slots, "
+        print(f"shared memory {stats['shm']}\n  {p['bytes_shm'] / 2**20:.1f} MiB through slots, "
               f"{p['bytes_pipe'] / 2**20:.2f} MiB through the pipe, {p['fallbacks']} fallbacks")
     return accuracy
 

@@ -43,15 +43,30 @@ class WorkerCrashed(NotWrapped, RuntimeError):
     """A prefetch worker process died (a segfault, ``os._exit``, SIGKILL, the OOM killer).
 
     ``pid`` is the worker's process id, ``exitcode`` its exit status (negative: the signal that
-    killed it, as in ``multiprocessing``). The prefetch that owned it is closed.
+    killed it, as in ``multiprocessing``). The prefetch that owned it is closed. ``worker`` says
+    which worker died and how (``"worker 0 (pid 123) was killed by signal SIGKILL"``), ``items``
+    the indices of the prefetch it was computing (a ``range``; None where unknown or it had no
+    job), ``starting`` whether it died while starting (before its first job), ``hint`` the likely
+    cause where one can be told (else None). A ``DataLoader`` or ``save`` that reads the prefetch
+    raises the same error in its own words (:meth:`reworded`).
     """
 
-    def __init__(self, message: str, pid: int | None = None, exitcode: int | None = None):
+    def __init__(self, message: str, pid: int | None = None, exitcode: int | None = None, *,
+                 worker: str | None = None, items: range | None = None, starting: bool = False,
+                 hint: str | None = None):
         super().__init__(message)
-        self.pid, self.exitcode = pid, exitcode
+        self.pid, self.exitcode, self.items, self.starting, self.hint = pid, exitcode, items, starting, hint
+        self.worker = worker if worker is not None else message
 
     def __reduce__(self):
         return (type(self), (self.args[0] if self.args else "", self.pid, self.exitcode), self.__dict__)
+
+    def reworded(self, message: str) -> WorkerCrashed:
+        """The same crash (type, ``pid``, ``exitcode``, ``items``, ``hint``, traceback) with another
+        message: the words of what read the prefetch (the DataLoader, ``save``)."""
+        new = type(self)(message, self.pid, self.exitcode)
+        new.__dict__.update(self.__dict__)
+        return new.with_traceback(self.__traceback__)
 
 
 class WorkerStartError(NotWrapped, RuntimeError):

@@ -63,10 +63,25 @@ def fname(f: Callable) -> str:
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
 
+def span(r: range, what: str = "item") -> str:
+    """``r`` in words: ``item 5``, ``items 5-8``, ``items 1-9 (step 2)``.
+
+    >>> span(range(5, 6)), span(range(5, 9)), span(range(1, 10, 2), "batch")
+    ('item 5', 'items 5-8', 'batches 1-9 (step 2)')
+    """
+    plural = f"{what}es" if what.endswith(("s", "sh", "ch", "x")) else f"{what}s"
+    if len(r) == 1:
+        return f"{what} {r[0]}"
+    if not r:
+        return f"no {plural}"
+    return f"{plural} {r[0]}-{r[-1]}" + ("" if r.step == 1 else f" (step {r.step})")
+
+
 def warn(message: str, category: type[Warning] = RuntimeWarning) -> None:
     """``warnings.warn`` pointing at the first caller outside lazyseq (the user's line), however
     deep inside the package the cause was seen."""
-    level, frame = 1, sys._getframe(1)
+    # stacklevel 1 is this function's own line: the frame that called it is level 2
+    level, frame = 2, sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["Node", "Exhausted", "Failed", "each", "check_source", "reader", "bulk_reader", "sizer", "read_many",
+           "columnar", "read_columns", "read_array",
            "read_each", "into", "length", "checks_keys", "is_finite", "describe_source"]
 
 
@@ -108,6 +109,20 @@ class Node(Sequence):
             f"{self.describe()} does not support item assignment: its items are computed, "
             "so there is nothing to write to; write to its source instead"
         )
+
+    # -- reads by columns: a batch of a store without per-item objects (see read_columns) --------------
+    def _columnar(self) -> bool:
+        """Whether :meth:`_get_columns` can answer (a store, under views that only remap indices)."""
+        return False
+
+    def _get_columns(self, idx: np.ndarray) -> Any:
+        """``default_collate`` of items ``idx`` (valid, an int64 array), built by columns; or
+        NotImplemented, and the caller reads the items and collates them."""
+        return NotImplemented
+
+    def _get_array(self, idx: np.ndarray) -> np.ndarray:
+        """Items ``idx`` of a sequence of ints (an index view) as one int64 array."""
+        return int_array(self._get_many(idx.tolist()))
 
     def children(self) -> tuple:
         """The sequences this view reads from (for ``repr``)."""
@@ -254,6 +269,39 @@ def read_each(src: Any, idx: Sequence[int], out: list | None = None) -> list:
     if is_node(src):
         return src._get_each(idx) if out is None else src._get_each(idx, out)
     return each(src.__getitem__ if hasattr(src, "__len__") else _UnsizedReader(src), idx, out)
+
+
+def columnar(src: Any) -> bool:
+    """Whether :func:`read_columns` of ``src`` can build a batch by columns."""
+    return is_node(src) and src._columnar()
+
+
+def read_columns(src: Any, idx: np.ndarray) -> Any:
+    """``default_collate`` of the valid items ``idx`` (an int64 array) of ``src``, gathered one
+    column per field (a store under views that only remap indices), without building an item;
+    NotImplemented where ``src`` cannot."""
+    return src._get_columns(idx) if is_node(src) else NotImplemented
+
+
+def read_array(src: Any, idx: np.ndarray) -> np.ndarray:
+    """Items ``idx`` (an int64 array) of a sequence of ints, as an int64 array, vectorised through
+    index views (aranges, ranges, arrays, remaps)."""
+    if is_node(src):
+        return src._get_array(idx)
+    if isinstance(src, range):
+        return src.start + idx * src.step
+    if isinstance(src, np.ndarray) and src.ndim == 1 and src.dtype.kind in "iu":
+        return int_array(src[idx])
+    return int_array(list(map(src.__getitem__, idx.tolist())))
+
+
+def int_array(values: Any) -> np.ndarray:
+    """``values`` as an int64 array; TypeError unless they are all ints that fit (floats are not
+    indices, and a uint64 past 2**63 must not wrap round to a negative index)."""
+    a = np.asarray(values)
+    if len(a) and (a.dtype.kind not in "iu" or a.ndim != 1 or (a.dtype == np.uint64 and a.max() >= 2**63)):
+        raise TypeError(f"expected ints, got {a.dtype} values")
+    return a.astype(np.int64, copy=False)
 
 
 def length(src: Any) -> int | None:

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import cc as _cc
 from . import tree
 from .helpers import ALIGN
 
@@ -30,15 +29,32 @@ if TYPE_CHECKING:
 
 __all__ = ["to_tensor"]
 
+_INSTALL = "pip install 'lazyseq[tinygrad]'"
+
+
+def prepare(what: str, alternative: str = "") -> str | None:
+    """Before lazyseq feeds tinygrad (a ``DataLoader`` that makes Tensors): tinygrad must be
+    installed (else ``ImportError`` saying ``what`` needs it and how to install it; tinygrad is not
+    imported), and its CPU device gets a C compiler (:func:`lazyseq.cc.setup`, which sets ``CC``
+    where there is no clang: lazyseq changes the environment only then, never at import).
+    Returns that compiler (``None``: none)."""
+    if find_spec("tinygrad") is None:
+        raise ImportError(f"{what}, and tinygrad is not installed: {_INSTALL}{f', {alternative}' if alternative else ''}")
+    from . import cc
+
+    return cc.setup()
+
 
 def _need_tinygrad() -> str | None:
     """Imports tinygrad, with a C compiler set up for its CPU device first (:mod:`lazyseq.cc`:
     clang, or the ziglang shim); returns that compiler (``None``: none)."""
+    from . import cc as _cc
+
     cc = _cc.setup()  # before tinygrad compiles anything: it reads CC once, at its first compile
     try:
         import tinygrad  # noqa: F401
     except ImportError as e:
-        raise ImportError("lazyseq.to_tensor needs tinygrad: pip install 'lazyseq[tinygrad]'") from e
+        raise ImportError(f"lazyseq.to_tensor needs tinygrad: {_INSTALL}") from e
     return cc
 
 
@@ -85,6 +101,8 @@ def to_tensor(x: Any, device: str | None = None, copy: bool = True) -> Any:
     cc = _need_tinygrad()
     from tinygrad import Device, Tensor, dtypes
     from tinygrad.dtype import DType
+
+    from . import cc as _cc
 
     dev = None
     try:
@@ -175,8 +193,6 @@ def _release(dev: str, a: np.ndarray) -> None:
 
     Device[dev].synchronize()
 
-
-_cc.preset()  # no clang on PATH: point CC at the Zig shim now, before anyone uses tinygrad directly
 
 if find_spec("tinygrad") is None:  # pragma: no cover
     # without tinygrad the example cannot run: keep it out of the doctest collection

@@ -29,6 +29,13 @@ def test_demo_trains_a_tinygrad_model_that_learns():
     assert accuracy > 90, out
     assert "epoch 8/8" in proc.stderr  # tqdm's bars
     assert "0 fallbacks" in out
+    # how the shared memory was sized: every term printed, and they add up to the slot the workers used
+    m = re.search(r"shared memory sized from the first sample: \(([0-9]+) bytes x batch ([0-9]+) \+ 64 bytes of alignment "
+                  r"x ([0-9]+) arrays\) x 1.25 = ([0-9]+) bytes, rounded up to whole 4096-byte pages: ([0-9]+) bytes per "
+                  r"slot; x ([0-9]+) slots \(num_workers 2 x prefetch_factor 2 \+ 1\) = shm_size ([0-9]+)", out)
+    nbytes, bs, arrays, roomy, slot, slots, shm = map(int, m.groups())
+    assert (nbytes * bs + 64 * arrays) * 1.25 == roomy and slot == -(-roomy // 4096) * 4096 and slot * slots == shm
+    assert f"shm_size={shm})" in out  # the prefetch the tree shows
 
 
 def test_tour_runs():

@@ -143,10 +143,10 @@ def test_every_epoch_is_a_new_epoch_under_a_dataloader(kind, workers):
 
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["per-epoch", "persistent"])
-def test_a_resume_mid_epoch_2_reads_what_the_run_would_have(persistent):
+@pytest.mark.parametrize("kind", DATASETS)
+def test_a_resume_mid_epoch_2_reads_what_the_run_would_have(kind, persistent):
     kw = dict(batch_size=3, shuffle=True, seed=4, num_workers=2, persistent_workers=persistent, to_tensor=False)
-    def data():
-        return lazyseq.smap(noisy, np.arange(30), seed=9)
+    data = DATASETS[kind]
     with lazyseq.DataLoader(data(), **kw) as loader:
         whole = _epochs(loader, 4)
     with lazyseq.DataLoader(data(), **kw) as loader:
@@ -189,3 +189,9 @@ def test_a_mix_reads_another_part_of_a_large_shuffled_source_each_epoch():
         seen = [{int(x) for b in loader for x in b if x >= 1000} for _ in range(3)]
     assert all(len(s) == 20 for s in seen)
     assert len(seen[0] | seen[1] | seen[2]) > 50, "each epoch reads other items of the large source"
+
+
+def test_a_prefetch_inside_is_left_as_it_is():
+    with lazyseq.prefetch(lazyseq.smap(noisy, range(10), seed=1), 2, "thread") as p:
+        top = lazyseq.smap(float, p)
+        assert at_epoch(top, 3) is top and at_epoch(p, 3) is p

@@ -4,6 +4,7 @@ import collections
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -340,8 +341,17 @@ def test_resume_after_a_worker_is_killed(tmp_path, monkeypatch):
     job = _job_module(tmp_path)
     try:
         monkeypatch.setenv("KILL_AT", "200")  # not a sample item: save evaluates those itself
-        with pytest.raises(lazyseq.WorkerCrashed):
+        with pytest.raises(lazyseq.WorkerCrashed) as info:
             job.run(tmp_path / "s", method="process", nworkers=2)
+        e = info.value  # in save's words: the shard and its items, and what to do
+        message = str(e)
+        assert message.startswith("lazyseq.save: worker ") and f"(pid {e.pid}) was killed by signal SIGKILL" in message
+        shards = re.search(r"while writing shards? ([0-9]+)(?:-([0-9]+))? \(items ([0-9]+)-([0-9]+)\)", message)
+        per_shard = json.loads((tmp_path / ".s.lazyseq-partial/.progress/job.json").read_text())["per_shard"]
+        first, last = int(shards[1]), int(shards[2] or shards[1])
+        assert first <= 200 // per_shard <= last and int(shards[3]) <= 200 <= int(shards[4]), message
+        assert "run the same save again to resume" in message and "create a new one" not in message
+        assert e.exitcode == -signal.SIGKILL and 200 // per_shard in e.items
         assert not (tmp_path / "s").exists()
         assert _records(tmp_path / ".s.lazyseq-partial" / ".progress")  # shards kept for the rerun
         monkeypatch.delenv("KILL_AT")
@@ -495,6 +505,21 @@ def test_one_save_at_a_time_and_progress_bar(tmp_path, capsys):
     assert list(lazyseq.load(tmp_path / "s")) == list(range(50))
 
 
+def test_a_resumed_save_says_so_and_its_bar_starts_where_it_resumes(tmp_path, capsys):
+    path = tmp_path / "s"
+    with pytest.raises(lazyseq.EvaluationError, match="item 45"):  # in the last shard: the others are written
+        lazyseq.save(lazyseq.smap(boom_at(45), range(50)), path, method="thread", nworkers=1, shard_bytes=640,
+                     progress=False)
+    assert capsys.readouterr().err == ""  # progress=False: silent
+    lazyseq.save(lazyseq.smap(boom_at(-1), range(50)), path, method="thread", nworkers=1, progress=True)
+    err = capsys.readouterr().err
+    line = err.splitlines()[0]  # 10 items per shard: shards 0-3 (items 0-39) were finished
+    assert line == f"lazyseq.save: resuming {path}: kept 4 of 5 shards finished before (items 0-39: 40 of 50); writing the rest"
+    assert "save s (resumed):  80%" in err and " 40/50 " in err and "100%" in err and " 50/50 " in err
+    assert " 0/50 " not in err and "/50 [" in err
+    assert [int(x[0]) for x in lazyseq.load(path, verify=True)] == list(range(50))
+
+
 def test_a_shard_written_twice_stays_consistent(tmp_path, monkeypatch):
     # prefetch may hand a job that looks stuck to a second worker: both attempts write shard 1
     from lazyseq.store import write
@@ -514,14 +539,12 @@ def test_a_shard_written_twice_stays_consistent(tmp_path, monkeypatch):
     assert len(list(store)) == 40
 
 
-def test_bulk_reads_through_a_slice(tmp_path, monkeypatch):
+def test_bulk_reads_through_a_slice(tmp_path):
     store = roundtrip([(np.full(3, i), str(i)) for i in range(30)], tmp_path, shard_bytes=200)
-    from lazyseq.store import read
-
-    ranges = []
-    real = read.Store._get_many
-    monkeypatch.setattr(read.Store, "_get_many", lambda self, idx: (ranges.append(read._as_range(idx)), real(self, idx))[1])
-    got = list(lazyseq.batch(store[5:25], 10, collate_fn=lambda xs: [x[1] for x in xs]))
-    assert got == [[str(i) for i in range(5, 15)], [str(i) for i in range(15, 25)]]
-    assert ranges == [range(5, 15), range(15, 25)]
-    assert read._as_range([1, 2, 4, 5]) == [1, 2, 4, 5] and read._as_range([3, 2, 3]) == [3, 2, 3]
+    got = list(lazyseq.batch(store[5:25], 10, collate_fn=lambda xs: xs))
+    assert [[x[1] for x in b] for b in got] == [[str(i) for i in range(5, 15)], [str(i) for i in range(15, 25)]]
+    first = got[0]  # a run through one shard: zero-copy views of its memory map, read-only
+    assert all(np.shares_memory(first[0][0].base, x[0]) for x in first[:2]) and not first[0][0].flags.writeable
+    scattered = store._get_many([7, 2, 29, 2, 11])  # any order, any shards, repeats: rows of a read-only copy
+    assert [int(x[0][0]) for x in scattered] == [7, 2, 29, 2, 11] and [x[1] for x in scattered] == ["7", "2", "29", "2", "11"]
+    assert not scattered[0][0].flags.writeable

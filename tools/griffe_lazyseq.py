@@ -39,7 +39,7 @@ def public_names() -> dict[str, str]:
     # ``lazyseq.<name>`` for each: no public name shares its name with a module of the package
     # (tests/test_package_modules.py), so griffe, which reads the files, finds what Python imports
     names = {name: f"lazyseq.{name}" for name in lazyseq.__all__}
-    names.update({name: f"lazyseq.store.{name}" for name in ("StoreError", "SchemaError")})
+    names.update({name: f"lazyseq.store.{name}" for name in ("SchemaError",)})
     return names
 
 

@@ -360,7 +360,8 @@ class RayBackend:
             raise WorkerStartError(f"prefetch: {self._name(k)} failed to start: {e}") from e
         raise WorkerCrashed(f"prefetch: {self._name(k)} died; the items it was computing are lost and this prefetch "
                             f"is closed: create a new one to go on. Ray says: {e}",
-                            self.where_is[k][2] if self.where_is[k] else None) from e
+                            self.where_is[k][2] if self.where_is[k] else None,
+                            worker=f"{self._name(k)} died (Ray says: {e})") from e
 
     def room(self) -> bool:
         return min(self.load) < _QUEUED

@@ -15,11 +15,32 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-__all__ = ["Backend", "Result", "Running", "Settings", "STREAM"]
+from ..helpers import align
+
+__all__ = ["Backend", "Result", "Running", "Settings", "STREAM", "Words"]
 
 # A job running this long is answered in parts: the items done so far, then again every STREAM
 # seconds. Far above what a chunk is sized to take (a few ms), so a healthy job never pays for it.
 STREAM = 0.05
+
+
+class Words:
+    """How a backend's warnings put things: in the prefetch's terms (``shm_size``, ``max_buffered``).
+    What builds a prefetch for its own users (the ``DataLoader``) passes one in its own terms."""
+
+    def slot_too_small(self, count: int, needed: int, slot_size: int, shm_size: int, nslots: int) -> str:
+        """A job of ``count`` items needed ``needed`` bytes of its slot, which holds ``slot_size``."""
+        return (f"prefetch: a chunk of {count} item(s) needed {needed} bytes but a slot holds {slot_size} "
+                f"(shm_size={shm_size} / max_buffered={nslots}); what did not fit went through the pipe. "
+                f"shm_size >= {align(needed) * nslots} would fit")
+
+    def slots_held(self, slot_size: int, shm_size: int, nslots: int) -> str:
+        """Every slot is held by items the reader keeps alive: the wanted item goes through the pipe."""
+        return ("prefetch: the reader holds every shared-memory slot (items kept alive), so items go through the "
+                "pipe; drop items sooner or raise max_buffered")
+
+
+_PREFETCH_WORDS = Words()
 
 
 @dataclass(frozen=True)
@@ -33,6 +54,8 @@ class Settings:
     mp_context: Any = None  # a multiprocessing context (process backend)
     ray_options: Any = None  # Ray actor options, e.g. {"num_cpus": 2} (Ray backend)
     address: str | None = None  # the Ray cluster to connect to when not connected yet (Ray backend)
+    words: Words = _PREFETCH_WORDS  # how warnings put things (the DataLoader's own terms under a DataLoader)
+    report: Callable[[Any], int] | None = None  # run in each process worker after each job (process backend)
 
 
 class Result(NamedTuple):

@@ -13,9 +13,11 @@ import contextlib
 import gc
 import os
 import pickle
+import re
 import select
 import selectors
 import signal
+import sys
 import threading
 import time
 from multiprocessing import connection
@@ -24,7 +26,7 @@ from typing import Any, ClassVar
 import cloudpickle
 
 from ..errors import PrefetchClosed, WorkerCrashed, WorkerStartError
-from ..helpers import ALIGN, forced, warn
+from ..helpers import ALIGN, forced, span, warn
 from . import wire
 from .backend import Result, Settings
 from .slots import SlotPool
@@ -83,6 +85,29 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
+_GUARD = re.compile(r"""^\s*if\s+(__name__\s*==\s*['"]__main__['"]|['"]__main__['"]\s*==\s*__name__)""", re.M)
+
+
+def _guard_hint(method: str) -> str | None:
+    """Why a worker likely died while starting, where it can be told: with ``spawn`` (and
+    ``forkserver``) a worker imports the main script again; one that starts workers at its top
+    level, without an ``if __name__ == "__main__":`` guard, makes the worker fail as it starts."""
+    if method not in ("spawn", "forkserver"):
+        return None
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not path:  # python -c, a notebook, a REPL: nothing is imported again
+        return None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            if _GUARD.search(f.read()):
+                return None  # guarded: the cause is something else
+    except OSError:
+        pass
+    return (f"Likely cause: with the {method!r} start method the workers import the main script ({path}) "
+            f"again, and it has no `if __name__ == \"__main__\":` guard, so importing it starts workers again "
+            "(the worker's stderr says so). Put the code that runs the pipeline under that guard")
+
+
 _RECOLLECT = 1.0  # seconds between garbage collections looking for a slot the reader may have let go
 
 
@@ -128,7 +153,7 @@ class _Job:
 class ProcessBackend:
     """Worker processes with a pipe each, and the pool of shared-memory slots their results use."""
 
-    COUNTERS: ClassVar[dict[str, int]] = dict(bytes_shm=0, bytes_pipe=0, fallbacks=0)
+    COUNTERS: ClassVar[dict[str, int]] = dict(bytes_shm=0, bytes_pipe=0, fallbacks=0, reported=0)
     JOB_SECONDS = 0.004  # a chunk worth about this much work keeps the reader fed without stalls
 
     def __init__(self, seq: Any, settings: Settings, stats: dict):
@@ -139,6 +164,7 @@ class ProcessBackend:
         self.load: list[int] = []  # jobs outstanding per worker
         self.ready: list[bool] = []  # per worker: said it started
         self.heard: list[float] = []  # per worker: when its last message came (its last progress)
+        self.reported: list[int] = []  # per worker: the last value of settings.report it sent
         self.slot_worker: dict[int, int] = {}  # the worker that wrote each slot last (has it mapped)
         self.outstanding: dict[int, _Job] = {}  # unanswered jobs
         self.abandoned: set[int] = set()  # unanswered jobs the reader gave up (a worker may be inside one)
@@ -157,11 +183,11 @@ class ProcessBackend:
         self.fds = {c.fileno(): k for k, c in enumerate(self.conns)}
 
     def _start(self, seq: Any) -> None:
-        pool, fork, hook = self.pool, self.method == "fork", self.settings.start_hook
+        pool, fork, hook, report = self.pool, self.method == "fork", self.settings.start_hook, self.settings.report
         parent_fd(pool.fd)
         if not fork:
             try:
-                seq, hook = cloudpickle.dumps(seq), cloudpickle.dumps(hook)
+                seq, hook, report = cloudpickle.dumps(seq), cloudpickle.dumps(hook), cloudpickle.dumps(report)
             except Exception as e:
                 raise TypeError(f"prefetch: the sequence cannot be pickled to start {self.method!r} workers "
                                 f"({e}); use mp_context='fork' or make it picklable") from e
@@ -173,13 +199,15 @@ class ProcessBackend:
                 shm = pool.fd if fork else FdForChild(pool.fd)
                 close = sorted(_PARENT_FDS - {pool.fd}) if fork else []
                 p = self.ctx.Process(target=worker_main, name=f"lazyseq-prefetch-{k}",
-                                     args=(k, theirs, seq, hook, shm, pool.slot_size, pool.nslots, close, not fork))
+                                     args=(k, theirs, seq, hook, shm, pool.slot_size, pool.nslots, close, not fork,
+                                           report))
                 p.start()
                 theirs.close()
                 self.procs.append(p)
                 self.load.append(0)
                 self.ready.append(False)
                 self.heard.append(time.monotonic())
+                self.reported.append(0)
         close_parent_fd(pool)  # every worker holds its own descriptor or mapping now
 
     @property
@@ -230,8 +258,8 @@ class ProcessBackend:
             if slot is not None:
                 return slot
             self.collected = now
-            self._warn("held", "prefetch: the reader holds every shared-memory slot (items kept alive), so "
-                       "items go through the pipe; drop items sooner or raise max_buffered")
+            pool = self.pool
+            self._warn("held", self.settings.words.slots_held(pool.slot_size, self.settings.shm_size, pool.nslots))
         self.stats["fallbacks"] += 1
         return None
 
@@ -288,6 +316,10 @@ class ProcessBackend:
         if kind == wire.READY:
             self.ready[k] = True
             return
+        if kind == wire.REPORT:  # the worker's settings.report changed: its latest value counts
+            self.reported[k] = needed
+            self.stats["reported"] = sum(self.reported)
+            return
         if kind == wire.PARTIAL:  # a slow item holds the job up: the items done so far
             job = self.outstanding[job_id]
             items = self._load(None, job.indices[first:], (), payload)
@@ -310,9 +342,8 @@ class ProcessBackend:
         if job.slot is not None and needed > self.pool.slot_size:
             self.stats["fallbacks"] += 1
             s = self.settings
-            self._warn("size", f"prefetch: a chunk of {len(job.indices)} item(s) needed {needed} bytes but a slot "
-                       f"holds {self.pool.slot_size} (shm_size={s.shm_size} / max_buffered={s.max_buffered}); "
-                       f"what did not fit went through the pipe. shm_size >= {needed * s.max_buffered} would fit")
+            self._warn("size", s.words.slot_too_small(len(job.indices), needed, self.pool.slot_size, s.shm_size,
+                                                      s.max_buffered))
         out.append(Result(job_id, items, seconds, needed if self.pool.nslots else 0, first))
 
     def _load(self, slot: int | None, r: range, table: Any, payload: memoryview) -> list:
@@ -345,9 +376,17 @@ class ProcessBackend:
         self._drain(k, [])  # a worker that failed to start said why before exiting
         p.join(0.5)
         code = p.exitcode
-        raise WorkerCrashed(f"prefetch worker {k} (pid {p.pid}) {_describe_exit(code)}; the items it was "
-                            "computing are lost and this prefetch is closed: create a new one to go on",
-                            p.pid, code)
+        worker = f"worker {k} (pid {p.pid}) {_describe_exit(code)}"
+        items = None  # a worker runs its jobs in order: it was inside the first it had not answered whole
+        if self.ready[k]:
+            left = [job.indices[job.done :] for _, job in sorted(self.outstanding.items()) if job.worker == k]
+            items = next((r for r in left if len(r)), None)
+        hint = None if self.ready[k] else _guard_hint(self.method)
+        where = f"while computing {span(items)}; that work is lost and" if items is not None else \
+            "while starting, before its first job;" if not self.ready[k] else "while idle (it had no job);"
+        raise WorkerCrashed(f"prefetch {worker} {where} this prefetch is closed: create a new one to go on"
+                            f"{f'. {hint}' if hint else ''}", p.pid, code, worker=worker, items=items,
+                            starting=not self.ready[k], hint=hint)
 
     def room(self) -> bool:
         return not self.pool.nslots or self.pool.free() > 0

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..helpers import ALIGN, PAGE, forced
-from ..jobslot import current
+from ..jobslot import empty
 
 __all__ = ["SlotPool", "SlotAnchor", "empty", "empty_like"]
 
@@ -114,30 +114,6 @@ class SlotPool:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-
-def empty(shape: Any, dtype: Any = float, order: str = "C") -> np.ndarray:
-    """``numpy.empty``, placed in the current job's shared-memory slot inside a process worker.
-
-    An item function that fills its output in place (``out=``, slicing) and returns it saves the
-    copy into the slot: the array is already where the reader will see it. Anywhere else (the
-    main process, thread workers, a full slot) this is plain ``numpy.empty``. Do not keep such an
-    array beyond the item that returns it: its memory is reused for later items.
-
-    >>> import lazyseq
-    >>> a = lazyseq.empty((2, 3), dtype='float32')
-    >>> a.shape, a.dtype
-    ((2, 3), dtype('float32'))
-    """
-    job = current()
-    if job is not None:
-        dt = np.dtype(dtype)
-        shp = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-        nbytes = int(np.prod(shp, dtype=np.int64)) * dt.itemsize
-        off = job.reserve(nbytes)
-        if off is not None:
-            return np.ndarray(shp, dtype=dt, buffer=job.view, offset=off, order=order)
-    return np.empty(shape, dtype=dtype, order=order)
 
 
 def empty_like(a: Any, dtype: Any = None) -> np.ndarray:

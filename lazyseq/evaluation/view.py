@@ -15,7 +15,7 @@ from ..helpers import usable_cores
 from ..node import Exhausted, check_source, is_finite, length
 from . import wire
 from .actors import RayBackend, cluster_cpus, options_error, ray_missing
-from .backend import Backend, Settings
+from .backend import Backend, Settings, Words
 from .completion import Unordered, UnorderedOpen
 from .coroutines import AsyncBackend
 from .processes import ProcessBackend
@@ -54,9 +54,13 @@ class Prefetch(View):
     """See :func:`prefetch`. The view owns the life cycle (start, close, pickling, fork) and turns
     what the window delivers into items or the errors ``seq[i]`` would raise."""
 
+    # lazyseq.at_epoch leaves a prefetch as it is: its pipeline lives in its workers (a copy would
+    # start workers of its own that nothing closes)
+    epoch_opaque = True
+
     def __init__(self, seq: Any, nworkers: int, method: str, max_buffered: int, start_hook: Callable | None,
                  shm_size: int, mp_context: Any, timeout: float | None, lazy_start: bool, ray_options: Any = None,
-                 address: str | None = None):
+                 address: str | None = None, words: Words | None = None, report: Callable[[Any], int] | None = None):
         # what describe() shows, first: a traceback prints this object even if a check below fails
         self.method, self.max_buffered, self.shm_size, self.nworkers = method, max_buffered, shm_size, nworkers
         self.src = check_source(seq, "prefetch")
@@ -82,6 +86,7 @@ class Prefetch(View):
             nworkers = max(1, (cluster_cpus(address) if method == "ray" else usable_cores()) + nworkers)
         self.nworkers = nworkers
         self.start_hook, self.mp_context, self.timeout = start_hook, mp_context, timeout
+        self.words, self.report = words if words is not None else Words(), report
         self.finite = is_finite(seq)
         self._setup()
         if not lazy_start:
@@ -104,7 +109,7 @@ class Prefetch(View):
         cls = BACKENDS[self.method]
         stats = {**Window.COUNTERS, **cls.COUNTERS}
         settings = Settings(self.nworkers, self.start_hook, self.max_buffered, self.shm_size, self.mp_context,
-                            self.ray_options, self.address)
+                            self.ray_options, self.address, self.words, self.report)
         try:
             backend = cls(self.src, settings, stats)
             with m.lock:
@@ -143,13 +148,14 @@ class Prefetch(View):
 
     def __getstate__(self) -> dict:
         keep = ("src", "nworkers", "method", "max_buffered", "start_hook", "shm_size", "timeout", "finite",
-                "ray_options", "address")
+                "ray_options", "address", "report")
         state = {k: self.__dict__[k] for k in keep}
         state["mp_context"] = self.mp_context.get_start_method()
         return state
 
     def __setstate__(self, state: dict) -> None:  # a copy (e.g. nested in a worker) starts on first read
         self.__dict__.update(state)
+        self.words = Words()  # in the prefetch's own terms: a copy is read as a prefetch
         self.mp_context = multiprocessing.get_context(state["mp_context"])
         self._setup()
 
@@ -248,7 +254,8 @@ class Prefetch(View):
     def stats(self) -> dict:
         """Counters: items computed, jobs sent, current chunk size, reads that had to wait and the
         time spent waiting, jumps; the process backend adds bytes through shared memory and through
-        the pipe, fallbacks to the pipe, and its pool's ``slot_size`` and ``slots_free``."""
+        the pipe, fallbacks to the pipe, its pool's ``slot_size`` and ``slots_free``, and
+        ``reported``: the sum over workers of the last value of ``report`` (0 without one)."""
         with self._lock:
             window = self._window
             out = dict(window.stats) if window is not None else {**Window.COUNTERS, **BACKENDS[self.method].COUNTERS}
@@ -272,7 +279,8 @@ class Prefetch(View):
 def prefetch(seq: Any, nworkers: int = 0, method: str = "thread", max_buffered: int = 10,
              start_hook: Callable | None = None, shm_size: int = 0, *, mp_context: Any = None,
              timeout: float | None = None, lazy_start: bool = False, ray_options: Mapping | None = None,
-             address: str | None = None) -> Prefetch:
+             address: str | None = None, words: Words | None = None,
+             report: Callable[[Any], int] | None = None) -> Prefetch:
     """The items of ``seq``, computed ahead of the reader by worker threads, processes or Ray actors.
 
     ``p[i]`` is ``seq[i]`` for every key ``seq`` accepts. Reading in order keeps up to
@@ -302,6 +310,12 @@ def prefetch(seq: Any, nworkers: int = 0, method: str = "thread", max_buffered: 
     - ``address`` (``method='ray'``): the Ray cluster to join when this process is not connected to
       one yet (``ray.init(address=address)``); without it, a local Ray instance is started, and shut
       down at interpreter exit (or by ``lazyseq.shutdown_ray()``).
+    - ``words`` (for what builds a prefetch for its own users, as the ``DataLoader`` does): a
+      ``lazyseq.evaluation.backend.Words`` that words the shared-memory warnings in its terms.
+    - ``report`` (``method='process'``): ``report(seq)`` runs in each worker after each job, on
+      the worker's copy of ``seq``, and returns an int (a count the worker keeps, e.g. the items
+      its ``on_error`` views replaced); ``stats()['reported']`` is the sum over the workers of
+      their latest values. The ``DataLoader`` counts its ``on_error`` replacements this way.
 
     ``p.unordered(start, stop)`` yields ``(index, item)`` pairs in the order items complete.
 
@@ -315,4 +329,4 @@ def prefetch(seq: Any, nworkers: int = 0, method: str = "thread", max_buffered: 
     (25, 9801, [0, 1, 4, 9])
     """
     return Prefetch(seq, nworkers, method, max_buffered, start_hook, shm_size, mp_context, timeout, lazy_start,
-                    ray_options, address)
+                    ray_options, address, words, report)

@@ -22,8 +22,9 @@ JOB = struct.Struct("<qqqqq")  # job id, first index, step, count, slot (-1: no 
 HEAD = struct.Struct("<qiiqdq")
 BUF = struct.Struct("<qq")  # offset in the slot, length
 
-# RESULT: a job's (last) items; PARTIAL: the items a job has finished while a slow one holds it up.
-RESULT, READY, START_FAILED, CANCELLED, PARTIAL = 0, 1, 2, 3, 4
+# RESULT: a job's (last) items; PARTIAL: the items a job has finished while a slow one holds it up;
+# REPORT: the worker's ``report`` value changed (sent before the job's RESULT; ``needed`` carries it).
+RESULT, READY, START_FAILED, CANCELLED, PARTIAL, REPORT = 0, 1, 2, 3, 4, 5
 
 
 class Resend:

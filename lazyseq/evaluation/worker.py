@@ -60,13 +60,14 @@ def _settle(close_fds: list[int]) -> None:
 
 
 def worker_main(index: int, conn: connection.Connection, seq: Any, start_hook: Any, shm: Any, slot_size: int,
-                nslots: int, close_fds: list[int], pickled: bool) -> None:
+                nslots: int, close_fds: list[int], pickled: bool, report: Any = None) -> None:
     """Start (say READY, or START_FAILED with the reason), then answer job records until the
-    reader closes the pipe."""
+    reader closes the pipe. ``report(seq)``, if given, runs after each job: when its value (an
+    int) changes, a REPORT message carries it ahead of the job's result."""
     _settle(close_fds)
     try:
         if pickled:
-            seq, start_hook = cloudpickle.loads(seq), cloudpickle.loads(start_hook)
+            seq, start_hook, report = cloudpickle.loads(seq), cloudpickle.loads(start_hook), cloudpickle.loads(report)
         memory = slots.map_segment(shm, SlotPool.HEADER + slot_size * nslots)
         os.close(shm)
         if start_hook is not None:
@@ -84,7 +85,7 @@ def worker_main(index: int, conn: connection.Connection, seq: Any, start_hook: A
     outbox = _Outbox(conn, seq)
     # The reader, or the forkserver that forked us (which exits with the reader).
     threading.Thread(target=outbox.watch, args=(os.getppid(),), name="lazyseq-worker-watch", daemon=True).start()
-    _serve(conn, outbox, seq, memory, slot_size)
+    _serve(conn, outbox, seq, memory, slot_size, report)
 
 
 _ORPHAN_CHECK = 0.5  # seconds between looks at the reader's process
@@ -141,8 +142,9 @@ class _Outbox:
             run.sent, run.since = done, time.monotonic()
 
 
-def _serve(conn: connection.Connection, outbox: _Outbox, seq: Any, memory: Any, slot_size: int) -> None:
+def _serve(conn: connection.Connection, outbox: _Outbox, seq: Any, memory: Any, slot_size: int, report: Any) -> None:
     cancelled, base = memory[: SlotPool.HEADER].view("int64"), memory.ctypes.data
+    reported = 0
     while True:
         try:
             rec = conn.recv_bytes()
@@ -167,5 +169,17 @@ def _serve(conn: connection.Connection, outbox: _Outbox, seq: Any, memory: Any, 
             jobslot.set_current(None)
             del items, run
             msg = wire.encode(job_id, wire.RESULT, payload, table, needed, time.perf_counter() - t, first)
+            if report is not None:
+                value = _report(report, seq, reported)
+                if value != reported and outbox.send(wire.encode(job_id, wire.REPORT, b"", needed=value)):
+                    reported = value
         if not outbox.send(msg):
             return
+
+
+def _report(report: Any, seq: Any, last: int) -> int:
+    """``report(seq)`` as an int; what it said last if it fails (a count is no reason to fail a job)."""
+    try:
+        return int(report(seq))
+    except Exception:
+        return last

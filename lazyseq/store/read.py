@@ -17,12 +17,14 @@ from ..errors import StoreError
 from . import checks
 from . import format as fmt
 from .build import builder
+from .gather import gather
 from .write import file_crc
 
 __all__ = ["Store", "load"]
 
 _OPEN_SHARDS = 256  # memory maps kept open at once (each holds a file descriptor)
-_Reader = tuple[Callable[[int], Any], Callable[[int, int], list]]  # one item; items a..b of a shard
+# a field of a shard: item j; the items at an array of indices (variable fields); the fixed table or None
+_Reader = tuple[Callable[[int], Any], Callable[[np.ndarray], list] | None, np.ndarray | None]
 
 
 def _text(b: bytes) -> str:
@@ -43,39 +45,41 @@ def _bytes_like(kind: str, mm: Any, offs: np.ndarray, base: int, where: str) -> 
         except UnicodeDecodeError as e:
             raise StoreError(f"{where}, item {j} of the shard, is not valid UTF-8: {e.reason}") from None
 
-    def many(a: int, b: int) -> list:
-        o = (offs[a : b + 1] + base).tolist()
+    def pick(js: np.ndarray) -> list:
+        a, b = (offs[js] + base).tolist(), (offs[js + 1] + base).tolist()
         try:
-            return [decode(mm[o[t] : o[t + 1]]) for t in range(b - a)]
+            return [decode(mm[x:y]) for x, y in zip(a, b)]
         except UnicodeDecodeError:
-            return [one(j) for j in range(a, b)]  # names the item
+            return [one(j) for j in js.tolist()]  # names the item
 
-    return one, many
+    return one, pick, None
 
 
 def _var_array(dt: np.dtype, mm: Any, base: int, offs: np.ndarray, shapes: np.ndarray) -> _Reader:
     def one(j: int) -> np.ndarray:
         return np.ndarray(shapes[j].tolist(), dt, buffer=mm, offset=base + int(offs[j]))
 
-    def many(a: int, b: int) -> list:
-        o, s = (offs[a:b] + base).tolist(), shapes[a:b].tolist()
+    def pick(js: np.ndarray) -> list:
+        o, s = (offs[js] + base).tolist(), shapes[js].tolist()
         return [np.ndarray(sh, dt, buffer=mm, offset=x) for x, sh in zip(o, s)]
 
-    return one, many
+    return one, pick, None
 
 
 def _fixed(kind: str, arr: np.ndarray) -> _Reader:
     if kind in fmt.PYTHON:
-        return arr.item, lambda a, b: arr[a:b].tolist()
+        return arr.item, None, arr
     if kind == "array" and arr.ndim == 1:  # 0-d arrays: arr[j] would be a numpy scalar
-        return (lambda j: arr[j, ...]), lambda a, b: [arr[j, ...] for j in range(a, b)]
-    return arr.__getitem__, lambda a, b: list(arr[a:b])
+        return (lambda j: arr[j, ...]), None, arr
+    return arr.__getitem__, None, arr
 
 
 class _Shard:
-    """The readers of one shard's fields, over one read-only memory map of its file."""
+    """The readers of one shard's fields, over one read-only memory map of its file: ``ones`` (item
+    ``j``), ``picks`` (items at an array of indices, variable fields) and ``tables`` (fixed fields'
+    arrays, one row per item; None for variable fields): :mod:`.gather` reads through the last two."""
 
-    __slots__ = ("ones", "manys", "mm")
+    __slots__ = ("ones", "picks", "tables", "mm")
 
     def __init__(self, root: str, rec: dict, fields: list[dict], dtypes: list[np.dtype | None]):
         path = checks.shard_file(root, rec["file"])
@@ -92,7 +96,7 @@ class _Shard:
             self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if st.st_size else b""
         m = rec["stop"] - rec["start"]
         readers = [self._reader(path, f, lay, dt, m) for f, lay, dt in zip(fields, rec["fields"], dtypes)]
-        self.ones, self.manys = [r[0] for r in readers], [r[1] for r in readers]
+        self.ones, self.picks, self.tables = [r[0] for r in readers], [r[1] for r in readers], [r[2] for r in readers]
 
     def _table(self, part: list, dtype: Any, shape: tuple) -> np.ndarray:
         """The table at ``part``, whose size and bounds the manifest's checks (:mod:`.checks`) vouch for."""
@@ -101,7 +105,7 @@ class _Shard:
     def _reader(self, path: str, field: dict, lay: dict, dt: np.dtype | None, m: int) -> _Reader:
         kind, mm, what = field["kind"], self.mm, f"{path}, field {field['path']}"
         if kind == "none":
-            return (lambda j: None), lambda a, b: [None] * (b - a)
+            return (lambda j: None), lambda js: [None] * len(js), None
         if kind in fmt.BYTES_LIKE or ("shape" not in lay and kind == "array"):
             offs = self._table(lay["offsets"], "<i8", (m + 1,))
             base, nbytes = lay["data"]
@@ -182,20 +186,32 @@ class Store(View):
         return self._build([one(j) for one in self._shard(k).ones])
 
     def _get_many(self, idx: Sequence[int]) -> list:
-        if not isinstance(idx, range):
-            idx = _as_range(idx)  # a slice of a store hands its bulk reads on as lists
-        if not isinstance(idx, range) or idx.step != 1:
+        """Items ``idx`` by the store's one bulk read (:func:`.gather.gather`): a gather per field
+        and shard, or zero-copy slices where ``idx`` runs through a shard in order."""
+        if len(idx) < 4:  # a gather's set-up costs more than a few single reads
             get = self._get
             return [get(i) for i in idx]
-        out, build, i = [], self._build, idx.start
-        while i < idx.stop:  # one slice per field and shard
+        if isinstance(idx, range):
+            return self._ranges(idx)
+        return gather(self, np.asarray(idx, dtype=np.int64), columns=False)
+
+    def _ranges(self, idx: range) -> list:
+        out, i, step = [], idx.start, idx.step
+        if step != 1:
+            return gather(self, np.arange(idx.start, idx.stop, step, dtype=np.int64), columns=False)
+        while i < idx.stop:  # one gather (a slice) per shard
             k = i // self.per_shard
-            a = i - k * self.per_shard
-            b = min(idx.stop - k * self.per_shard, self.records[k]["stop"] - self.records[k]["start"])
-            cols = [many(a, b) for many in self._shard(k).manys]
-            out.extend(map(build, zip(*cols)) if cols else [build(()) for _ in range(b - a)])
-            i += b - a
+            stop = min(idx.stop, (k + 1) * self.per_shard)
+            out += gather(self, np.arange(i, stop, dtype=np.int64), columns=False)
+            i = stop
         return out
+
+    def _columnar(self) -> bool:
+        return self.n > 0 and not any(f["kind"] == "pickle" for f in self.fields)
+
+    def _get_columns(self, idx: np.ndarray) -> Any:
+        """``default_collate`` of items ``idx``, gathered by columns: see :mod:`lazyseq.store.gather`."""
+        return gather(self, idx, columns=True)
 
     # -- description ------------------------------------------------------------------------------
     def nbytes(self) -> int:
@@ -219,15 +235,6 @@ class Store(View):
                 shape = ""
             lines.append(f"{'└─' if k == len(self.fields) - 1 else '├─'} {f['path']}  {what}  {shape}".rstrip())
         return "\n".join(lines)
-
-
-def _as_range(idx: Sequence[int]) -> Sequence[int]:
-    """``idx`` as a range if it holds consecutive increasing indices (three or more)."""
-    n = len(idx)
-    if n < 3 or idx[-1] - idx[0] != n - 1:
-        return idx
-    first = idx[0]
-    return range(first, first + n) if all(i == first + k for k, i in enumerate(idx)) else idx
 
 
 def _size(n: int) -> str:

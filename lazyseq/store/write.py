@@ -14,15 +14,15 @@ import shutil
 import sys
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import numpy as np
 
 from .. import tree
 from ..base import View
-from ..errors import EvaluationError, wrap_error
-from ..helpers import align, usable_cores
+from ..errors import EvaluationError, WorkerCrashed, wrap_error
+from ..helpers import align, span, usable_cores
 from ..node import Failed, length, read_each, reader
 from . import format as fmt
 
@@ -339,7 +339,8 @@ def _swap(root: str, dest: str) -> None:
     shutil.rmtree(os.path.join(dest, fmt.PROGRESS), ignore_errors=True)
 
 
-def _progress_bar(progress: bool | None, n: int, dest: str) -> Any:
+def _progress_bar(progress: bool | None, n: int, dest: str, done: int = 0) -> Any:
+    """A tqdm bar over the ``n`` items, from ``done`` (the items of the shards a resumed save keeps)."""
     if progress is None:
         progress = sys.stderr is not None and sys.stderr.isatty()
     if not progress:
@@ -349,10 +350,12 @@ def _progress_bar(progress: bool | None, n: int, dest: str) -> Any:
     class Bar(tqdm):
         monitor_interval = 0  # no monitor thread left running after the save
 
-    return Bar(total=n, unit="item", desc=f"save {os.path.basename(dest)}", dynamic_ncols=True)
+    desc = f"save {os.path.basename(dest)}" + (" (resumed)" if done else "")
+    return Bar(total=n, initial=done, unit="item", desc=desc, dynamic_ncols=True)
 
 
-def _run(writer: ShardWriter, nworkers: int, method: str, bar: Any) -> list[dict]:
+def _run(writer: ShardWriter, nworkers: int, method: str, bar: Any, kept: Collection[int] = ()) -> list[dict]:
+    """Every shard's record, written (or checked and kept: the shards in ``kept``, already on the bar)."""
     from ..evaluation import prefetch
 
     records, ours = [], [writer.describe()]
@@ -362,8 +365,18 @@ def _run(writer: ShardWriter, nworkers: int, method: str, bar: Any) -> list[dict
             ours.append(p.describe())
             for rec in p:
                 records.append(rec)
-                if bar is not None:
+                if bar is not None and rec["shard"] not in kept:
                     bar.update(rec["stop"] - rec["start"])
+    except WorkerCrashed as e:
+        doing = ""
+        if e.items is not None and len(e.items):
+            first, last = writer._range(min(e.items)), writer._range(max(e.items))
+            doing = f" while writing {span(e.items, 'shard')} ({span(range(first.start, last.stop))})"
+        elif e.starting:
+            doing = " while starting, before its first shard"
+        raise e.reworded(f"lazyseq.save: {e.worker}{doing}; the shards finished so far are kept: run the same save "
+                         f"again to resume (it writes only the shards not finished){f'. {e.hint}' if e.hint else ''}") \
+            from None
     except EvaluationError as e:
         cause = e.__cause__
         if isinstance(cause, (fmt.SchemaError, OtherJob)):  # raised as it is: it names the items
@@ -423,7 +436,26 @@ def save(seq: Any, path: str | os.PathLike, *, nworkers: int = 0, method: str = 
                 if name.endswith(".tmp"):
                     os.remove(os.path.join(d, name))
         writer = ShardWriter(seq, root, n, per_shard, ref, allow_pickle, dest if resumed else None)
-        records = _run(writer, nworkers, method, _progress_bar(progress, n, dest)) if n else []
+        kept: set[int] = set()
+        done = 0
+        if resumed:  # the shards an earlier run finished: a record and a file of its size (checksums: as they are read)
+            runs: list[range] = []  # their items, consecutive shards joined
+            for k in range(len(writer)):
+                try:
+                    rec = fmt.read_json(os.path.join(root, fmt.PROGRESS, fmt.record_name(k)), "record")
+                    if os.path.getsize(os.path.join(root, rec["file"])) != rec["bytes"]:
+                        continue
+                except (OSError, KeyError, TypeError):
+                    continue
+                kept.add(k)
+                r = writer._range(k)
+                runs[-1:] = [range(runs[-1].start, r.stop)] if runs and runs[-1].stop == r.start else [*runs[-1:], r]
+            done = sum(map(len, runs))
+            if progress is not False:
+                print(f"lazyseq.save: resuming {dest}: kept {len(kept)} of {len(writer)} shards finished before "
+                      f"(items {', '.join(f'{r[0]}-{r[-1]}' if len(r) > 1 else f'{r[0]}' for r in runs) or 'none'}: "
+                      f"{done} of {n}); writing the rest", file=sys.stderr)
+        records = _run(writer, nworkers, method, _progress_bar(progress, n, dest, done), kept) if n else []
         for rec in records:
             rec.pop("resumed", None)
         manifest = {"format": fmt.FORMAT, "version": fmt.VERSION, "length": n, "per_shard": per_shard,

@@ -328,12 +328,15 @@ class BlockShuffle(FollowsEpoch, Remap):
         if len(x) and (x.min() < 0 or x.max() >= self._n):
             bad = int(x[(x < 0) | (x >= self._n)][0])
             raise IndexError(f"index {bad} out of range for {self.describe()} of length {self._n}")
+        return self._map_array(x).tolist()
+
+    def _map_array(self, x: np.ndarray) -> np.ndarray:
         g = np.searchsorted(np.asarray(self._gstarts, dtype=np.int64), x, side="right") - 1
         out = np.empty_like(x)
         for h in dict.fromkeys(g.tolist()):  # groups in order of first appearance
             at = g == h
             out[at] = self._group(h)[x[at] - self._gstarts[h]]
-        return out.tolist()
+        return out
 
     def order(self) -> list[int]:
         """The source index of every item: ``[source index of item 0, of item 1, ...]``."""

@@ -63,6 +63,9 @@ class Arange(View):
         r = self.r
         return [r[i] for i in idx]
 
+    def _get_array(self, idx: np.ndarray) -> np.ndarray:
+        return self.r.start + idx * self.r.step
+
     def _slice(self, r: range) -> View:
         return Arange(compose(self.r.start, self.r.step, r))
 

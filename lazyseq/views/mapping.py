@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import itertools
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,7 +18,7 @@ from ..aio import run as aio_run
 from ..base import View
 from ..errors import wrap_error
 from ..helpers import fname
-from ..node import Failed, bulk_reader, check_source, checks_keys, is_finite, length, read_each, read_many, reader
+from ..node import Failed, bulk_reader, check_source, checks_keys, is_finite, is_node, length, read_each, read_many, reader
 from .epochs import FollowsEpoch
 
 __all__ = ["smap", "starmap"]
@@ -34,6 +35,9 @@ class Map(View):
         self._rds = tuple(reader(s) for s in self.seqs)
         self._rd = self._rds[0] if len(seqs) == 1 and not star else None
         self._rdm = bulk_reader(self.src) if self.src is not None else None
+        # a sized source that is not a view (a list, an array) is read by its own __getitem__, from C
+        src = self.src
+        self._fast = src.__getitem__ if src is not None and not is_node(src) and hasattr(src, "__len__") else None
         self.checks_keys = self.src is not None and checks_keys(self.src)
         self.finite = any(is_finite(s) for s in seqs)
 
@@ -60,23 +64,17 @@ class Map(View):
         if type(self.f) is Blocking:
             return self._await_many(idx, None)
         f, out = self.f, []
-        add = out.append
         if self.src is not None:
-            xs = self._rdm(idx)
+            # list.extend appends item by item: when f raises, out holds the items before it
+            xs = self._rdm(idx) if self._fast is None else list(map(self._fast, idx))  # a list: no frame per read
             try:
-                if self.star:
-                    for x in xs:
-                        add(f(*x))
-                else:
-                    for x in xs:
-                        add(f(x))
+                out.extend(itertools.starmap(f, xs) if self.star else map(f, xs))
             except Exception as e:
                 raise wrap_error(e, idx[len(out)], self)  # noqa: B904
             return out
         cols = [read_many(s, idx) for s in self.seqs]
         try:
-            for args in zip(*cols):
-                add(f(*args))
+            out.extend(itertools.starmap(f, zip(*cols)))
         except Exception as e:
             raise wrap_error(e, idx[len(out)], self)  # noqa: B904
         return out

@@ -8,10 +8,12 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from ..base import Routed, Slice, View
 from ..errors import wrap_error
 from ..helpers import fname
-from ..node import Exhausted, bulk_reader, check_source, is_finite, length, read_many, reader, sizer
+from ..node import Exhausted, bulk_reader, check_source, columnar, is_finite, length, read_columns, read_many, reader, sizer
 
 __all__ = ["Pad", "batch", "unbatch", "collate", "concatenate", "split"]
 
@@ -56,6 +58,17 @@ class Batch(View):
         self.collate_fn = collate_fn
         self.finite = is_finite(seq)
         self._srclen = sizer(seq) if self.finite else None
+        self._by_columns: bool | None = None  # known at the first read: see _columns
+
+    def _columns(self) -> bool:
+        """Whether a batch is read by columns (``node.read_columns``): with ``default_collate``
+        (marked ``by_columns``) over a source that can, e.g. ``batch(shuffle(store), k,
+        collate_fn=default_collate)``: one gather per field and shard, no item built."""
+        by = self._by_columns
+        if by is None:
+            by = self._by_columns = bool(getattr(self.collate_fn, "by_columns", False)) and self.finite \
+                and not self.padded and columnar(self.src)
+        return by
 
     def _len(self) -> int:
         full, rest = divmod(len(self.src), self.k)
@@ -73,6 +86,13 @@ class Batch(View):
             n = self._srclen()
             if stop > n:
                 stop = n
+            if self._by_columns or (self._by_columns is None and self._columns()):
+                try:
+                    out = read_columns(self.src, np.arange(start, stop, dtype=np.int64))
+                except ValueError:  # items default_collate refuses (shapes differ): it says why, below
+                    out = NotImplemented
+                if out is not NotImplemented:
+                    return out
             items = self._rdm(range(start, stop))
         else:
             items = self._get_unsized(start, stop)

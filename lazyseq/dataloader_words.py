@@ -1,0 +1,137 @@
+"""What the DataLoader says in its own terms: the prefetch's shared-memory warnings and a dead
+worker's ``WorkerCrashed`` reworded for a loader (``shm_size``, ``prefetch_factor``, batches and
+epochs, "iterate the loader again"), and the counters it keeps per epoch (the prefetch's, and
+the items its ``on_error`` views replaced, summed over the workers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import WorkerCrashed
+from .evaluation.backend import Words
+from .helpers import align
+from .node import Node
+
+__all__ = ["LoaderWords", "Replaced", "crashed", "epoch_counters"]
+
+
+class LoaderWords(Words):
+    """The prefetch's shared-memory warnings, said of a DataLoader's batches and knobs."""
+
+    def __init__(self, to_tensor: bool, num_workers: int, prefetch_factor: int, sized: bool):
+        self.to_tensor, self.num_workers, self.prefetch_factor, self.sized = to_tensor, num_workers, prefetch_factor, sized
+
+    def _slots(self, slot_size: int, shm_size: int, nslots: int) -> str:
+        how = ", sized from the first sample," if self.sized else ""
+        return (f"shm_size={shm_size}{how} is {nslots} slots of {slot_size} bytes: one per batch in flight, "
+                f"num_workers={self.num_workers} x prefetch_factor={self.prefetch_factor} + 1")
+
+    def slot_too_small(self, count: int, needed: int, slot_size: int, shm_size: int, nslots: int) -> str:
+        what = "a batch" if count == 1 else f"{count} batches"
+        fix = f"shm_size >= {align(needed) * nslots} to fit it"
+        return (f"DataLoader: {what} needed {needed} bytes of shared memory, but {self._slots(slot_size, shm_size, nslots)}. "
+                "What did not fit came through the pipe (pickled: one more copy of each such batch). "
+                + (f"Batches vary in size: pass {fix}" if self.sized else f"Pass {fix}"))
+
+    def slots_held(self, slot_size: int, shm_size: int, nslots: int) -> str:
+        if self.to_tensor:
+            advice = ("keep fewer batches alive, or raise prefetch_factor (one more slot per batch kept; "
+                      "and shm_size, if you give it)")
+        else:
+            advice = ("with to_tensor=False a batch's arrays are views of its slot, so keeping numpy batches "
+                      "(list(loader), a list of batches) keeps their slots: copy what you keep (np.array(x) for "
+                      "each array), or use to_tensor=True (Tensors are copies)")
+        return (f"DataLoader: the batches you hold keep every shared-memory slot ({self._slots(slot_size, shm_size, nslots)}), "
+                "so the next batches come through the pipe: pickled and copied once more each, and the reader "
+                f"runs a garbage collection at most once a second looking for a slot let go. To avoid it, {advice}")
+
+
+# -- a dead worker -----------------------------------------------------------------------------------
+def _batches(lo: tuple[int, int], hi: tuple[int, int]) -> str:
+    """(epoch, batch) to (epoch, batch), in words."""
+    if lo == hi:
+        return f"batch {lo[1]} of epoch {lo[0]}"
+    if lo[0] == hi[0]:
+        return f"batches {lo[1]}-{hi[1]} of epoch {lo[0]}"
+    return f"batch {lo[1]} of epoch {lo[0]} to batch {hi[1]} of epoch {hi[0]}"
+
+
+def crashed(e: WorkerCrashed, where: Any, epoch: int, batch: int) -> WorkerCrashed:
+    """``e`` in the DataLoader's words: which batches the worker was computing (``where(i)``: the
+    (epoch, batch) of item ``i`` of the prefetch), and that iterating again resumes at ``batch``
+    of ``epoch``, the one being read."""
+    if e.items is not None and len(e.items):
+        doing = f" while computing {_batches(where(min(e.items)), where(max(e.items)))}"
+    elif e.starting:
+        doing = " while starting, before its first batch"
+    else:
+        doing = ""
+    resume = (f"Iterate the loader again (for batch in loader): it resumes at batch {batch} of epoch {epoch}, the "
+              "first batch not delivered, with new workers")
+    said = f"; {e.hint}. Then iterate the loader again" if e.hint else f". {resume}"
+    return e.reworded(f"DataLoader: {e.worker}{doing}{said}")
+
+
+# -- counters per epoch ------------------------------------------------------------------------------
+def _on_error_views(root: Any) -> list:
+    """The ``on_error`` views of a pipeline: through ``children()``, the part a view that makes its
+    parts on demand holds now (a ``_cache`` tuple: the epochs persistent workers read), and the
+    dataset of a mapped function that reads one (the loader's ``batch_sampler`` reader)."""
+    from .views.faults import OnError
+
+    found, seen, todo = [], set(), [root]
+    while todo:
+        node = todo.pop()
+        if not isinstance(node, Node) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, OnError):
+            found.append(node)
+        todo += node.children()
+        cache = getattr(node, "_cache", None)
+        if type(cache) is tuple:
+            todo += [x for x in cache if isinstance(x, Node)]
+        dataset = getattr(getattr(node, "f", None), "dataset", None)
+        if dataset is not None:
+            todo.append(dataset)
+    return found
+
+
+class Replaced:
+    """The items the ``on_error`` views of a pipeline replaced in this process so far: in each
+    process worker after each job (the prefetch's ``report``, summed over the workers), or in the
+    reader for thread workers and ``num_workers=0``. Found once per pipeline (once per epoch for
+    persistent workers), then a sum of counters per job; what the views of an earlier epoch's
+    pipeline replaced stays counted."""
+
+    def __init__(self) -> None:
+        self._key: tuple = (None, None)
+        self._views: list = []
+        self._base = 0
+
+    def __getstate__(self) -> dict:  # each worker counts its own
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+
+    def __call__(self, seq: Any) -> int:
+        key = (seq, getattr(seq, "_cache", None))
+        if key[0] is not self._key[0] or key[1] is not self._key[1]:
+            views = _on_error_views(seq)
+            now = {id(v) for v in views}
+            self._base += sum(v.errors.count for v in self._views if id(v) not in now)
+            self._key, self._views = key, views
+        return self._base + sum(v.errors.count for v in self._views)
+
+
+_GAUGES = frozenset(("chunk", "slot_size", "slots_free", "nworkers", "max_buffered"))  # states, not counts
+
+
+def epoch_counters(after: dict, before: dict | None) -> dict:
+    """The prefetch's counters over one epoch: ``after`` less ``before`` (what persistent workers
+    had counted before it; None: workers of this epoch alone); states as they are at the end."""
+    if not before:
+        return dict(after)
+    return {k: v - before[k] if k not in _GAUGES and k in before and type(v) in (int, float) else v
+            for k, v in after.items()}
