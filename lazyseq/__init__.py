@@ -6,12 +6,24 @@ The API is a superset of seqtools' (``import lazyseq as seqtools`` works).
 
 from . import instrument
 from .base import View
+from .batching import pad_collate, varlen_collate
 from .dataloader import DataLoader, default_collate
-from .errors import EvaluationError, PrefetchClosed, PrefetchTimeout, StoreError, WorkerCrashed, WorkerStartError, seterr
+from .errors import (
+    EvaluationError,
+    PrefetchClosed,
+    PrefetchTimeout,
+    ResumeMismatch,
+    StoreError,
+    WorkerCrashed,
+    WorkerStartError,
+    seterr,
+)
 from .evaluation import empty, empty_like, prefetch, shutdown_ray
+from .fingerprints import fingerprint
 from .serialization import SerializableFunc
 from .store import Store, load, save
 from .tensor import to_tensor
+from .views.bucketing import bucket
 from .views.caching import add_cache
 from .views.chunked import block_shuffle, chunks
 from .views.epochs import at_epoch
@@ -20,19 +32,22 @@ from .views.indexing import arange, case, cycle, gather, interleave, repeat, swi
 from .views.mapping import smap, starmap
 from .views.mixing import mix
 from .views.order import shard, shuffle
+from .views.packing import pack
+from .views.schedules import schedule
 from .views.shape import Pad, batch, collate, concatenate, split, unbatch
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DataLoader", "default_collate", "to_tensor",
-    "Store", "StoreError", "load", "save",
+    "Store", "StoreError", "load", "save", "fingerprint", "ResumeMismatch",
     "EvaluationError", "Pad", "PrefetchClosed", "PrefetchTimeout", "View", "WorkerCrashed",
     "WorkerStartError", "add_cache", "arange", "batch", "case", "collate", "concatenate", "cycle", "empty",
     "empty_like", "gather", "instrument", "interleave", "prefetch", "repeat", "seterr", "shard", "shuffle",
     "smap", "split", "starmap", "switch", "take", "unbatch", "uniter",
     "Skip", "at_epoch", "block_shuffle", "chunks", "on_error",
     "SerializableFunc",
-    "mix",
+    "mix", "schedule",
     "shutdown_ray",
+    "pack", "bucket", "pad_collate", "varlen_collate",
 ]

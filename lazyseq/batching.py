@@ -1,5 +1,6 @@
 """Batching samples: ``default_collate`` (torch's rule, stacking straight into shared memory in a
-process worker) and the byte count of a sample, which sizes the DataLoader's slots."""
+process worker), ``pad_collate`` and ``varlen_collate`` for variable-length sequences, and the
+byte count of a sample, which sizes the DataLoader's slots."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 from . import tree
 from .evaluation import empty
 
-__all__ = ["default_collate", "buffer_bytes"]
+__all__ = ["default_collate", "pad_collate", "varlen_collate", "HostInt", "buffer_bytes"]
 
 
 def default_collate(items: Sequence[Any]) -> Any:
@@ -64,3 +65,117 @@ def buffer_bytes(x: Any) -> tuple[int, int]:
         elif isinstance(v, np.ndarray) or (hasattr(v, "__array__") and not isinstance(v, (str, bytes))):
             nbytes, nbuf = nbytes + np.asarray(v).nbytes, nbuf + 1
     return nbytes, nbuf
+
+
+# -- variable-length sequences ----------------------------------------------------------------------
+class HostInt(int):
+    """A Python ``int`` that :func:`lazyseq.to_tensor` leaves as it is: a kernel argument such as
+    ``varlen_collate``'s ``max_seqlen``, not data for the device."""
+
+    __slots__ = ()
+
+    def __reduce__(self):
+        return (HostInt, (int(self),))
+
+
+def _is_seq(x: Any) -> bool:
+    return isinstance(x, np.ndarray) and x.ndim == 1
+
+
+def _by_leaf(items: Sequence[Any], fn: Any, what: str) -> Any:
+    """``fn`` of the 1-D array leaves of ``items`` (a list of them per leaf), ``default_collate`` of the others."""
+    if not len(items):
+        raise ValueError(f"{what}: no items")
+    return tree.transpose(lambda xs: fn(xs) if all(map(_is_seq, xs)) else _stack(xs), list(items), "item")
+
+
+def pad_collate(items: Sequence[Any], pad_id: Any = 0, pad_to_multiple: int = 1, length: int | None = None) -> Any:
+    """Pad 1-D arrays of different lengths into one batch: ``{'tokens': (B, L), 'mask': (B, L)
+    bool, 'lengths': (B,) int32}``, ``L`` the longest (or ``length``) rounded up to
+    ``pad_to_multiple``, padding ``pad_id``. Items may be dicts or tuples: each leaf that is a 1-D
+    array becomes such a dict, other leaves go through :func:`default_collate`. A ``length``
+    shorter than the longest item raises. In a process worker the batch is built in its slot.
+
+    >>> import lazyseq, numpy as np
+    >>> b = lazyseq.pad_collate([np.array([1, 2, 3]), np.array([4])], pad_to_multiple=4)
+    >>> b['tokens'], b['mask'][1], b['lengths']
+    (array([[1, 2, 3, 0],
+           [4, 0, 0, 0]]), array([ True, False, False, False]), array([3, 1], dtype=int32))
+    >>> lazyseq.pad_collate([(np.array([5, 6]), 1), (np.array([7]), 0)])[1]
+    array([1, 0])
+    """
+    if isinstance(pad_to_multiple, bool) or pad_to_multiple < 1:
+        raise ValueError(f"pad_collate: pad_to_multiple must be an int >= 1, got {pad_to_multiple!r}")
+
+    def pad(xs: list) -> dict:
+        sizes = np.array([len(x) for x in xs], dtype=np.int32)
+        longest = int(sizes.max())
+        if length is not None and length < longest:
+            k = int(sizes.argmax())
+            raise ValueError(f"pad_collate: item {k} has {longest} tokens, more than length={length}")
+        n = -(-(longest if length is None else length) // pad_to_multiple) * pad_to_multiple
+        tokens = empty((len(xs), n), np.result_type(*xs))
+        tokens[...] = pad_id
+        for k, x in enumerate(xs):
+            tokens[k, : len(x)] = x
+        mask = empty((len(xs), n), np.bool_)
+        np.less(np.arange(n), sizes[:, None], out=mask)
+        out_sizes = empty((len(xs),), np.int32)
+        out_sizes[:] = sizes
+        return {"tokens": tokens, "mask": mask, "lengths": out_sizes}
+
+    return _by_leaf(items, pad, "pad_collate")
+
+
+_PACK_ROW = frozenset(("tokens", "segment_ids", "positions"))
+
+
+def varlen_collate(items: Sequence[Any]) -> Any:
+    """Concatenate 1-D arrays into the layout of variable-length attention kernels:
+    ``{'tokens': (N,), 'cu_seqlens': (B+1,) int32, 'positions': (N,) int32, 'max_seqlen': int}``
+    (sequence ``k`` is ``tokens[cu_seqlens[k]:cu_seqlens[k+1]]``). Rows of :func:`pack` are taken
+    apart: their segments become the sequences, padding is dropped. Items may be dicts or tuples:
+    each leaf that is a 1-D array becomes such a dict, others go through :func:`default_collate`.
+    ``max_seqlen`` is a :class:`HostInt`: ``to_tensor`` leaves it a Python int.
+
+    >>> import lazyseq, numpy as np
+    >>> v = lazyseq.varlen_collate([np.array([1, 2, 3]), np.array([4, 5])])
+    >>> v['tokens'], v['cu_seqlens'], v['positions'], v['max_seqlen']
+    (array([1, 2, 3, 4, 5]), array([0, 3, 5], dtype=int32), array([0, 1, 2, 0, 1], dtype=int32), 3)
+    >>> rows = lazyseq.pack([np.arange(1, 4), np.arange(4, 6)], 4, method='concat')
+    >>> lazyseq.varlen_collate(list(rows))['cu_seqlens']
+    array([0, 3, 4, 5], dtype=int32)
+    """
+    items = list(items)
+    if items and all(isinstance(x, dict) and x.keys() == _PACK_ROW for x in items):
+        return _varlen_rows(items)
+    return _by_leaf(items, _varlen, "varlen_collate")
+
+
+def _varlen(xs: list) -> dict:
+    sizes = np.array([len(x) for x in xs], dtype=np.int64)
+    return _varlen_out(np.concatenate(xs) if xs else np.zeros(0), sizes)
+
+
+def _varlen_rows(rows: list[dict]) -> dict:
+    """The segments of pack rows as sequences: runs of one segment id, padding (0) dropped."""
+    tokens, segs = np.concatenate([r["tokens"] for r in rows]), np.concatenate([r["segment_ids"] for r in rows])
+    row_of = np.repeat(np.arange(len(rows)), [len(r["segment_ids"]) for r in rows])
+    keep = segs != 0
+    tokens, segs, row_of = tokens[keep], segs[keep], row_of[keep]
+    new = np.ones(len(segs), dtype=bool)  # where a sequence starts: a new segment id, or a new row
+    new[1:] = (segs[1:] != segs[:-1]) | (row_of[1:] != row_of[:-1])
+    starts = np.flatnonzero(new)
+    return _varlen_out(tokens, np.diff(np.append(starts, len(segs))))
+
+
+def _varlen_out(tokens: np.ndarray, sizes: np.ndarray) -> dict:
+    cu = empty((len(sizes) + 1,), np.int32)
+    cu[0] = 0
+    np.cumsum(sizes, out=cu[1:])
+    positions = empty((len(tokens),), np.int32)
+    positions[:] = np.arange(len(tokens)) - np.repeat(cu[:-1], sizes)
+    out = empty((len(tokens),), tokens.dtype)
+    out[:] = tokens
+    return {"tokens": out, "cu_seqlens": cu, "positions": positions,
+            "max_seqlen": HostInt(int(sizes.max()) if len(sizes) else 0)}

@@ -7,6 +7,7 @@ not a replay, and persistent workers read the batches of every epoch from one in
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import warnings
@@ -14,9 +15,10 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from . import dataloader_state
 from .base import Routed, View
 from .batching import buffer_bytes, default_collate
-from .dataloader_checks import method_checks, seed_from, torch_checks
+from .dataloader_checks import method_checks, order_checks, seed_from, torch_checks
 from .dataloader_words import LoaderWords, Replaced, crashed, epoch_counters
 from .errors import WorkerCrashed
 from .evaluation import Prefetch, prefetch
@@ -35,31 +37,46 @@ __all__ = ["DataLoader", "default_collate"]
 class _Epochs(Routed):
     """The batches of every epoch from ``(epoch, start)`` on, as one infinite view that persistent
     workers keep across epochs: the ``first`` batches of ``epoch`` from item ``start`` of its global
-    order, then ``per_epoch`` batches of each later epoch. Each epoch's view is made when first read."""
+    order, then every batch of each later epoch. Each epoch's view is made when first read; an epoch
+    may have its own number of batches (a ``bucket`` dataset), counted when first needed."""
 
     finite = False
     seqs = ()
+    _AHEAD = 64  # epochs a read may look past without finding a batch (empty epochs): then it is past the end
 
-    def __init__(self, make: Callable[..., View], per_epoch: int, epoch: int, start: int, first: int):
-        self.make, self.per_epoch, self.epoch, self.start, self.first = make, per_epoch, epoch, start, first
+    def __init__(self, make: Callable[..., View], epoch: int, start: int, first: int):
+        self.make, self.epoch, self.start, self.first = make, epoch, start, first
+        self._ends = [first]  # the index just past each epoch's last batch, from `epoch` on
         self._cache: tuple[int, View] | None = None
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_cache": None}
+
+    def _count_next(self) -> None:
+        e = self.epoch + len(self._ends)
+        self._ends.append(self._ends[-1] + len(self._part(e)))
 
     def offset(self, epoch: int, start: int) -> int | None:
         """Where the batches of ``epoch`` from item ``start`` begin; None: not in this view."""
         if (epoch, start) == (self.epoch, self.start):
             return 0
         if start == 0 and epoch > self.epoch:
-            return self.first + (epoch - self.epoch - 1) * self.per_epoch
+            while len(self._ends) < epoch - self.epoch:
+                self._count_next()
+            return self._ends[epoch - self.epoch - 1]
         return None
 
     def _where(self, i: int) -> tuple[int, int]:
         if i < self.first:
             return self.epoch, i
-        e, b = divmod(i - self.first, self.per_epoch)
-        return self.epoch + 1 + e, b
+        ends, added = self._ends, 0
+        while ends[-1] <= i:
+            if added == self._AHEAD:
+                raise IndexError(f"{self.describe()}: no batch at {i} ({added} epochs without one)")
+            self._count_next()
+            added += 1
+        k = bisect.bisect_right(ends, i)
+        return self.epoch + k, i - ends[k - 1]
 
     def _part(self, e: int) -> View:
         c = self._cache
@@ -71,7 +88,7 @@ class _Epochs(Routed):
         return self._part(e)._get
 
     def describe(self) -> str:
-        return f"epochs({self.per_epoch} batches each)"
+        return f"epochs(from {self.epoch}, {self.first} batches in the first)"
 
 
 class DataLoader:
@@ -135,8 +152,11 @@ class DataLoader:
         self.generator, self.prefetch_factor, self.persistent_workers = generator, prefetch_factor, persistent_workers
         self.method, self.shm_size, self.seed_each_item = method, shm_size, bool(seed_each_item)
         self.rank, self.world_size, self.device, self.to_tensor = rank, world_size, device, to_tensor
+        order_checks(dataset, shuffle)
         self.seed = seed_from(seed, generator)
-        if world_size > 1 and not drop_last and len({len(shard(range(self._units()), r, world_size))
+        self._bound: tuple | None = None  # (epoch, seed, dataset, the dataset bound to them): see _data
+        self._seed_given = seed is not None or generator is not None  # a resume to another seed is refused
+        if world_size > 1 and not drop_last and len({len(shard(range(self._units(0)), r, world_size))
                                                      for r in range(world_size)}) > 1:
             warnings.warn(f"DataLoader: {world_size} ranks get parts of different lengths (the epoch does not "
                           "divide evenly); data-parallel training needs the same number of steps on every rank: "
@@ -158,24 +178,39 @@ class DataLoader:
     def _custom_order(self) -> bool:
         return self.sampler is not None or self.batch_sampler is not None
 
-    def _plan(self) -> _Plan:
-        return _Plan(self.dataset, self.batch_size, self.shuffle, self.sampler, self.batch_sampler,
-                     self.collate_fn, self.drop_last, self.seed, self.rank, self.world_size, self.seed_each_item)
+    def _data(self, epoch: int) -> Any:
+        """The dataset as epoch ``epoch`` reads it: its views built with ``epoch=None`` (and those that
+        take the loader's seed) bound to it, kept for the last epoch asked, so that a plan of the
+        dataset (``bucket``'s batches, ``pack``'s rows) is computed once here and sent to workers."""
+        b = self._bound
+        if b is None or b[0] != epoch or b[1] != self.seed or b[2] is not self.dataset:
+            b = self._bound = (epoch, self.seed, self.dataset, at_epoch(self.dataset, epoch, self.seed))
+        return b[3]
 
-    def _units(self) -> int:
-        """The length of an epoch's global order: items, or the lists of a batch_sampler."""
+    def _plan(self) -> _Plan:
+        b = self._bound
+        bound = (b[0], b[3]) if b is not None and b[1] == self.seed and b[2] is self.dataset else None
+        return _Plan(self.dataset, self.batch_size, self.shuffle, self.sampler, self.batch_sampler,
+                     self.collate_fn, self.drop_last, self.seed, self.rank, self.world_size, self.seed_each_item, bound)
+
+    def _units(self, epoch: int | None = None) -> int:
+        """The length of an epoch's global order (default: the current epoch's): items, or the lists
+        of a batch_sampler. A dataset of batches by token budget (``bucket``) has its own per epoch."""
         if self.batch_sampler is not None:
             return len(self.batch_sampler)
-        return len(self.sampler) if self.sampler is not None else len(self.dataset)
+        if self.sampler is not None:
+            return len(self.sampler)
+        return len(self._data(self.epoch if epoch is None else epoch))
 
     def _batches(self, start: int) -> int:
-        """This rank's batches in the part of an epoch from item ``start`` of its global order."""
+        """This rank's batches in the part of the current epoch from item ``start`` of its global order."""
         n = len(shard(range(max(0, self._units() - start)), self.rank, self.world_size, self.drop_last))
         if self.batch_size is None:  # no batching, or a batch_sampler: one unit per batch
             return n
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __len__(self) -> int:
+        """This rank's batches in the current epoch (with a ``bucket`` dataset, epochs differ)."""
         return self._batches(0)
 
     def _prefetch(self, seq: View, epoch: int) -> Prefetch:
@@ -200,12 +235,16 @@ class DataLoader:
                 f"{shm_size // slots // ALIGN * ALIGN} bytes per slot")
 
     def _size_shm(self) -> int:
-        """Slots sized from the first sample: its buffers times the batch size, with their alignment,
+        """Slots sized from the first sample (or, for a dataset that bounds its items, such as ``pack``
+        or ``bucket``, from its largest ones): its buffers times the batch size, with their alignment,
         1.25x, in whole pages; the note (``stats()['shm']``) says every term."""
-        data = at_epoch(self.dataset, self.epoch)
-        data = SeedEachItem(data, self.seed, self.epoch) if self.seed_each_item else data
-        sample = read_many(data, [0])[0] if len(self.dataset) else None
-        nbytes, nbuf = buffer_bytes(sample)
+        bound = self._data(self.epoch)
+        data = SeedEachItem(bound, self.seed, self.epoch) if self.seed_each_item else bound
+        largest = getattr(bound, "largest_items", None)
+        idx = largest() if largest is not None else [0] if len(bound) else []
+        sizes = [buffer_bytes(x) for x in read_many(data, idx)] or [buffer_bytes(None)]
+        nbytes, nbuf = max(n for n, _ in sizes), max(k for _, k in sizes)
+        what = "the first sample" if largest is None else f"the largest items of the dataset ({idx})"
         # A slot holds one batch: each array of it starts on an ALIGN boundary, 1.25x of room, in whole
         # pages (so shm_size / slots is the slot the pool makes, and workers never share a page).
         bs, slots = self.batch_size or 1, self._slots()
@@ -213,7 +252,7 @@ class DataLoader:
         slot = max(PAGE, -(-roomy // PAGE) * PAGE)
         self.shm_size_used = slot * slots
         arrays = f"{nbuf} array{'' if nbuf == 1 else 's'}"
-        self._shm_note = (f"sized from the first sample: ({nbytes} bytes x batch {bs} + {ALIGN} bytes of alignment x "
+        self._shm_note = (f"sized from {what}: ({nbytes} bytes x batch {bs} + {ALIGN} bytes of alignment x "
                           f"{arrays}) x 1.25 = {roomy} bytes, rounded up to whole {PAGE}-byte pages: {slot} bytes per "
                           f"slot; x {slots} slots (num_workers {self.num_workers} x prefetch_factor "
                           f"{self.prefetch_factor} + 1) = shm_size {self.shm_size_used}")
@@ -315,7 +354,7 @@ class DataLoader:
         if off is None:
             if p is not None:
                 p.close()
-            self._epochs = _Epochs(plan, len(self), epoch, start, nb)
+            self._epochs = _Epochs(plan, epoch, start, nb)
             self._persistent, off = self._prefetch(self._epochs, epoch), 0
         return self._persistent[off : off + nb]
 
@@ -335,20 +374,25 @@ class DataLoader:
         epoch's global order that all ranks together have consumed (every rank having read as many
         batches as this one), with the seed that fixes every order."""
         epoch, start, b = self._where()
-        position = min(self._units(), start + self.world_size * b * (self.batch_size or 1))
+        position = min(self._units(epoch), start + self.world_size * b * (self.batch_size or 1))
         return {"epoch": epoch, "position": position, "seed": self.seed, "rank": self.rank,
-                "world_size": self.world_size}
+                "world_size": self.world_size, **dataloader_state.recorded(self)}
 
-    def load_state_dict(self, state: Mapping) -> None:
+    def load_state_dict(self, state: Mapping, strict: bool = True) -> None:
         """Resume where ``state`` was saved: the next iteration delivers this rank's part of what
         remains of the epoch's global order, whatever ``world_size`` (and ``batch_size``) the state
-        was saved with; with the same ones, exactly the batches that would have come next."""
+        was saved with; with the same ones, exactly the batches that would have come next.
+
+        The state holds the dataset's :func:`lazyseq.fingerprint`: a state saved with another
+        pipeline raises :class:`lazyseq.ResumeMismatch` naming what changed (``strict=False``:
+        a warning, and the resume goes on)."""
+        dataloader_state.check(self, state, strict)
         epoch, seed = int(state["epoch"]), int(state["seed"])
         if "position" in state:
             position = int(state["position"])
         else:  # saved before positions: the batch this rank was at, every rank as far
             position = int(state["batch"]) * int(state.get("world_size", self.world_size)) * (self.batch_size or 1)
-        n = self._units()
+        n = self._units(epoch) if epoch >= 0 else 0
         if not 0 <= position <= n or epoch < 0:
             raise ValueError(f"DataLoader.load_state_dict: the state is at item {position} of epoch {epoch}, but "
                              f"an epoch of this loader has {n} items: was it saved with another dataset?")
@@ -409,16 +453,26 @@ class _Plan:
 
     def __init__(self, dataset: Any, batch_size: int | None, shuffle: bool, sampler: Any, batch_sampler: Any,
                  collate_fn: Callable | None, drop_last: bool, seed: int, rank: int, world_size: int,
-                 seed_each_item: bool):
+                 seed_each_item: bool, bound: tuple[int, Any] | None = None):
         self.dataset, self.batch_size, self.shuffle, self.sampler = dataset, batch_size, shuffle, sampler
         self.batch_sampler, self.collate_fn, self.drop_last, self.seed = batch_sampler, collate_fn, drop_last, seed
         self.rank, self.world_size, self.seed_each_item = rank, world_size, seed_each_item
         self.owner = os.getpid()  # the reader's process: seed_each_item puts its generators back
+        self.bound = bound  # (epoch, the dataset bound to it): workers receive its plans with it
+
+    def data(self, epoch: int) -> Any:
+        """The dataset with the views built with ``epoch=None`` following ``epoch`` (and those that take
+        the loader's seed, its seed): O(views); its length asked at once, so plans are made here."""
+        if self.bound is None or self.bound[0] != epoch:
+            data = at_epoch(self.dataset, epoch, self.seed)
+            len(data)
+            self.bound = (epoch, data)
+        return self.bound[1]
 
     def __call__(self, epoch: int, order: Any = None, start: int = 0) -> View:
         """The batches of ``epoch`` (its order: ``order`` for a custom sampler), this rank's share of
         its global order from item ``start`` on."""
-        data = at_epoch(self.dataset, epoch)  # views built with epoch=None follow this epoch: O(views)
+        data = self.data(epoch)
         data = SeedEachItem(data, self.seed, epoch, self.owner) if self.seed_each_item else data
         if self.batch_sampler is not None:
             lists = order if order is not None else [list(b) for b in self.batch_sampler]
@@ -427,9 +481,9 @@ class _Plan:
         if self.sampler is not None:
             idx = order if order is not None else list(self.sampler)
         elif self.shuffle:
-            idx = shuffle(arange(len(self.dataset)), self.seed, epoch)
+            idx = shuffle(arange(len(data)), self.seed, epoch)
         else:
-            idx = arange(len(self.dataset))
+            idx = arange(len(data))
         idx = shard(idx[start:] if start else idx, self.rank, self.world_size, drop_remainder=self.drop_last)
         items = gather(data, idx)
         if self.batch_size is None:

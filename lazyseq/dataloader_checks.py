@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import warnings
 from typing import Any
 
 from .evaluation import prefetch
 from .seeding import IN_PROCESS, refused
 
-__all__ = ["torch_checks", "method_checks", "seed_from"]
+__all__ = ["torch_checks", "method_checks", "order_checks", "seed_from"]
 
 
 def torch_checks(batch_size: int | None, shuffle: bool | None, sampler: Any, batch_sampler: Any, num_workers: int,
@@ -38,8 +39,8 @@ def torch_checks(batch_size: int | None, shuffle: bool | None, sampler: Any, bat
         if batch_size != 1 or shuffle or sampler is not None or drop_last:
             raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last")
         batch_size, drop_last = None, False
-    elif batch_size is None and drop_last:
-        raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive with drop_last")
+    # batch_size=None with drop_last=True: torch refuses it; here the dataset's items may be batches
+    # (a bucket), and drop_last gives every rank the same number of them (shard's drop_remainder)
     if multiprocessing_context is not None:
         if num_workers == 0:
             raise ValueError("multiprocessing_context can only be used with multi-process loading "
@@ -78,6 +79,18 @@ def method_checks(method: Any, num_workers: int, shm_size: int | None, multiproc
                              f"method={method!r} does not use; leave it None (or use method='process')")
     if seed_each_item and method in IN_PROCESS and num_workers > 0:
         raise ValueError(refused(method))
+
+
+def order_checks(dataset: Any, shuffle: bool) -> None:
+    """Warn when ``shuffle=True`` would read a view meant to be read in order (``ordered_only``: a
+    mix that follows a weight schedule, whose weights are a function of the position)."""
+    from .views.epochs import _walk  # (the walk over a pipeline's views that at_epoch uses)
+
+    if shuffle and any(getattr(v, "ordered_only", False) for v in _walk(dataset, set())):
+        warnings.warn("DataLoader(shuffle=True) reads a mix that follows a weight schedule out of order, so "
+                      "the schedule's weights no longer follow the training step; read it in order "
+                      "(shuffle=False) and shuffle inside each source instead (lazyseq.shuffle(source, seed=...))",
+                      UserWarning, stacklevel=3)
 
 
 def seed_from(seed: int | None, generator: Any) -> int:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EvaluationError", "PrefetchClosed", "PrefetchTimeout", "StoreError", "WorkerCrashed", "WorkerStartError",
-           "seterr", "wrap_error", "raised"]
+__all__ = ["EvaluationError", "PrefetchClosed", "PrefetchTimeout", "ResumeMismatch", "StoreError", "WorkerCrashed",
+           "WorkerStartError", "seterr", "wrap_error", "raised"]
 
 
 class EvaluationError(Exception):
@@ -32,6 +32,18 @@ class EvaluationError(Exception):
 
 class NotWrapped(Exception):
     """Mixin: errors about the machinery itself (not an item), never wrapped in EvaluationError."""
+
+
+class ResumeMismatch(ValueError):
+    """A saved state comes from another pipeline than the one resuming it: ``what`` names the first
+    part that differs, in the pipeline's own words (``shuffle(seed=0 -> 1)``, ``len 100 -> 99``)."""
+
+    def __init__(self, message: str, what: str = ""):
+        super().__init__(message)
+        self.what = what
+
+    def __reduce__(self):
+        return (type(self), (self.args[0] if self.args else "", self.what))
 
 
 class StoreError(OSError):

@@ -18,6 +18,8 @@ __all__ = ["debug", "monitor_throughput", "profile", "profiling", "Profile", "St
 
 
 class Debug(View):
+    fingerprint_transparent = True
+
     def __init__(self, seq: Any, func: Callable, max_calls: int | None, max_rate: float | None):
         self.src, self._rd = check_source(seq, "debug"), reader(seq)
         self.func, self.max_calls, self.max_rate = func, max_calls, max_rate
@@ -62,6 +64,8 @@ def debug(seq: Any, func: Callable, max_calls: int | None = None, max_rate: floa
 
 
 class ThroughputMonitor(View):
+    fingerprint_transparent = True
+
     def __init__(self, seq: Any):
         self.src, self._rd = check_source(seq, "monitor_throughput"), reader(seq)
         self.finite = is_finite(seq)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import tree
+from .batching import HostInt
 from .helpers import ALIGN
 
 if TYPE_CHECKING:
@@ -74,7 +75,8 @@ def to_tensor(x: Any, device: str | None = None, copy: bool = True) -> Any:
       emulates it or fails when a kernel uses it: cast the arrays first (``astype(np.float32)``) if
       that matters. Complex arrays and numbers raise ``TypeError`` (tinygrad has no complex dtype).
     - numpy scalars and 0-d arrays become 0-d Tensors of their dtype; Python numbers take
-      tinygrad's defaults (``bool``, ``dtypes.default_int``, ``dtypes.default_float``). Every
+      tinygrad's defaults (``bool``, ``dtypes.default_int``, ``dtypes.default_float``), except a
+      :class:`lazyseq.batching.HostInt` (``varlen_collate``'s ``max_seqlen``), left a Python int. Every
       result is a real buffer on ``device`` (tinygrad's own ``Tensor(0-d array)`` is a deviceless
       constant instead).
     - Tensors are returned as they are, or moved (and realised) when ``device`` differs.
@@ -145,6 +147,8 @@ def _leaf(x: Any, c: _Ctx) -> Any:
         a = np.asarray(x)
         return _array(a, c) if a.dtype.kind in "biufc" else x
     if isinstance(x, (bool, int, float, complex)):
+        if type(x) is HostInt:  # a kernel argument (varlen_collate's max_seqlen): stays a Python int
+            return x
         return _array(_pyscalar(x, c.dtypes), c)
     if isinstance(x, c.Tensor):
         if c.device is None or x.device == c.dev:

@@ -90,7 +90,7 @@ def test_resume_after_every_batch_position(workers):
         state = loader.state_dict()
         it.close()
         loader.close()
-        resumed = ls.DataLoader(data, batch_size=4, shuffle=True, seed=0, num_workers=workers, to_tensor=False)
+        resumed = ls.DataLoader(data, batch_size=4, shuffle=True, num_workers=workers, to_tensor=False)
         resumed.load_state_dict(state)
         rest = [list(b) for b in resumed]
         assert seen + rest == flat[: len(seen) + len(rest)] and len(rest) > 0
@@ -159,7 +159,7 @@ TORCH_ERRORS = [
     (dict(sampler=[0, 1], shuffle=True), "sampler option is mutually exclusive with shuffle"),
     (dict(batch_sampler=[[0]], batch_size=2), "batch_sampler option is mutually exclusive"),
     (dict(batch_sampler=[[0]], drop_last=True), "batch_sampler option is mutually exclusive"),
-    (dict(batch_size=None, drop_last=True), "batch_size=None option disables auto-batching"),
+    # batch_size=None with drop_last=True is accepted (a dataset of batches, a bucket: tests/test_packing.py)
     (dict(multiprocessing_context="fork"), "multiprocessing_context can only be used with multi-process loading"),
     (dict(num_workers=1, multiprocessing_context="nope"), "multiprocessing_context option should specify a valid start"),
 ]

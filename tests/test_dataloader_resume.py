@@ -52,7 +52,7 @@ def resume_case(n, bs, before, after, steps, shuffle, drop_last, seed=3, epoch=0
             loader.set_epoch(epoch)
         read_before = run(first, steps)
         state = first[0].state_dict()  # rank 0's: it has at least as many batches as any rank
-        second = loaders(n, after, seed=seed + 1, **kw)  # another seed: the state brings the saved one
+        second = loaders(n, after, seed=None, **kw)  # no seed given: the state brings the saved one
     for loader in second:
         loader.load_state_dict(state)
     read_after = run(second)
@@ -109,8 +109,10 @@ def test_resumed_ranks_take_strided_parts_of_the_rest_and_the_next_epoch_is_whol
     first = loaders(n, 2, batch_size=bs, shuffle=True, seed=5)
     run(first, 2)  # 2 ranks x 2 batches x 2 items: 8 items
     state = first[0].state_dict()
-    assert state == {"epoch": 0, "position": 8, "seed": 5, "rank": 0, "world_size": 2}
-    second = loaders(n, 3, batch_size=bs, shuffle=True, seed=0)
+    assert {k: state[k] for k in ("epoch", "position", "seed", "rank", "world_size")} == \
+        {"epoch": 0, "position": 8, "seed": 5, "rank": 0, "world_size": 2}
+    assert state["fingerprint"] == ls.fingerprint(list(range(n))) and state["seed_given"]
+    second = loaders(n, 3, batch_size=bs, shuffle=True, seed=None)  # the state brings seed 5
     for loader in second:
         loader.load_state_dict(state)
     parts = [[[int(x) for x in b] for b in loader] for loader in second]
@@ -171,7 +173,7 @@ def test_same_world_size_resumes_the_exact_batches():
     loader = ls.DataLoader(data, **kw)
     it = iter(loader)
     seen = [list(next(it)) for _ in range(2)]
-    resumed = ls.DataLoader(data, **{**kw, "seed": 0})
+    resumed = ls.DataLoader(data, **{**kw, "seed": None})  # no seed given: the state's
     resumed.load_state_dict(loader.state_dict())
     assert seen + [list(b) for b in resumed] == ref
 

@@ -92,7 +92,7 @@ def test_resume_mid_epoch_with_another_num_workers_gives_the_same_batches(before
         head = [next(it).copy() for _ in range(3)]
         state = loader.state_dict()
         it.close()
-    with ls.DataLoader(Augmented(30), num_workers=after, **{**kw, "seed": 0}) as resumed:
+    with ls.DataLoader(Augmented(30), num_workers=after, **{**kw, "seed": None}) as resumed:
         resumed.load_state_dict(state)
         tail = [b.copy() for b in resumed]
     assert same([head + tail], [uninterrupted])

@@ -57,6 +57,7 @@ class Prefetch(View):
     # lazyseq.at_epoch leaves a prefetch as it is: its pipeline lives in its workers (a copy would
     # start workers of its own that nothing closes)
     epoch_opaque = True
+    fingerprint_transparent = True  # workers, method and depth may change across a resume
 
     def __init__(self, seq: Any, nworkers: int, method: str, max_buffered: int, start_hook: Callable | None,
                  shm_size: int, mp_context: Any, timeout: float | None, lazy_start: bool, ray_options: Any = None,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import mmap
 import os
 import pickle
@@ -212,6 +214,13 @@ class Store(View):
     def _get_columns(self, idx: np.ndarray) -> Any:
         """``default_collate`` of items ``idx``, gathered by columns: see :mod:`lazyseq.store.gather`."""
         return gather(self, idx, columns=True)
+
+    def fingerprint_identity(self) -> dict:
+        """For lazyseq.fingerprint: the store's name, length and a digest of its manifest (the same
+        wherever the store was copied to), no shard read."""
+        text = json.dumps(self.manifest, sort_keys=True, separators=(",", ":")).encode()
+        return {"name": os.path.basename(self.path), "len": self.n,
+                "manifest": hashlib.blake2b(text, digest_size=16).hexdigest()}
 
     # -- description ------------------------------------------------------------------------------
     def nbytes(self) -> int:

@@ -22,6 +22,8 @@ import numpy as np
 from .. import tree
 from ..base import View
 from ..errors import EvaluationError, WorkerCrashed, wrap_error
+from ..fingerprints import NotResumable, difference
+from ..fingerprints import fingerprint as pipeline_fingerprint
 from ..helpers import align, span, usable_cores
 from ..node import Failed, length, read_each, reader
 from . import format as fmt
@@ -278,7 +280,7 @@ def _other_job(root: str, dest: str, why: str) -> OtherJob:
                     f"to save this job to {dest} instead, pass overwrite=True or delete that directory")
 
 
-def _prepare(root: str, seq: Any, n: int, shard_bytes: int, allow_pickle: bool, fingerprint: str | None,
+def _prepare(root: str, seq: Any, n: int, shard_bytes: int, allow_pickle: bool, fingerprint: Any,
              overwrite: bool, dest: str) -> tuple[tuple, int, bool]:
     """Item 0's schema, the items per shard, and whether they are an interrupted job's. An interrupted
     job with the same length and fingerprint is resumed from its job file, evaluating no item (its
@@ -302,6 +304,9 @@ def _prepare(root: str, seq: Any, n: int, shard_bytes: int, allow_pickle: bool, 
         if not overwrite:
             what = f"its {', '.join(diff)} differ{'s' if len(diff) == 1 else ''}" if isinstance(old, dict) and diff \
                 else "its job file cannot be read"
+            if isinstance(old, dict) and diff == ["fingerprint"] and isinstance(old["fingerprint"], dict) \
+                    and isinstance(fingerprint, dict):  # both lazyseq's: say what changed in the pipeline
+                what = f"its pipeline differs: {difference(old['fingerprint'], fingerprint)}"
             raise _other_job(root, dest, what)
         for name in os.listdir(root):  # another job's shards: start afresh, keeping the lock
             if name != fmt.PROGRESS:
@@ -393,7 +398,7 @@ def _run(writer: ShardWriter, nworkers: int, method: str, bar: Any, kept: Collec
 
 def save(seq: Any, path: str | os.PathLike, *, nworkers: int = 0, method: str = "process",
          shard_bytes: int = 256 * 2**20, overwrite: bool = False, progress: bool | None = None,
-         allow_pickle: bool = False, fingerprint: str | None = None) -> None:
+         allow_pickle: bool = False, fingerprint: Any = None) -> None:
     """Evaluate every item of the finite sequence ``seq`` and write them to the directory ``path``.
 
     Read it back with :func:`lazyseq.load`. Items are nested tuples, lists, dicts and namedtuples
@@ -408,7 +413,10 @@ def save(seq: Any, path: str | os.PathLike, *, nworkers: int = 0, method: str = 
     - ``shard_bytes``: about how large each shard file is (items per shard are estimated first).
     - ``overwrite``: replace a finished store at ``path``, once the new one is complete.
     - ``progress``: a tqdm bar; ``None`` shows one when stderr is a terminal.
-    - ``fingerprint``: a string of the caller's (a config hash) that a resumed save must match.
+    - ``fingerprint``: what a rerun must match to resume: by default the pipeline's
+      :func:`lazyseq.fingerprint`, with functions digested by their code (a save resumes on the
+      same Python; a rerun whose pipeline or item function changed refuses, naming what changed),
+      or a string of the caller's (a config hash). It is recorded in the manifest.
 
     An interrupted save (Ctrl-C, a killed worker, an item that raises: :class:`EvaluationError`)
     resumes when run again: the shards already written are checked and kept.
@@ -430,6 +438,11 @@ def save(seq: Any, path: str | os.PathLike, *, nworkers: int = 0, method: str = 
     _check_dest(dest, overwrite)
     root = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.lazyseq-partial")
     with _locked(root):
+        if fingerprint is None:  # the pipeline's, functions digested by their code: an edited item function refuses
+            try:
+                fingerprint = pipeline_fingerprint(seq, code=True)
+            except NotResumable:
+                fingerprint = None  # (an iterator in the pipeline: only length and structure are checked)
         ref, per_shard, resumed = _prepare(root, seq, n, shard_bytes, allow_pickle, fingerprint, overwrite, dest)
         for d in (root, os.path.join(root, fmt.PROGRESS)):  # what a killed writer left half written
             for name in os.listdir(d):

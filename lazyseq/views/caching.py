@@ -15,6 +15,8 @@ __all__ = ["add_cache"]
 
 
 class Cache(View):
+    fingerprint_transparent = True  # a cache changes no item (lazyseq.fingerprint)
+
     def __init__(self, seq: Any, cache_size: int, cache: MutableMapping | None):
         self.src, self._rd = check_source(seq, "add_cache"), reader(seq)
         if cache_size < 0:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..base import Remap, View
+from ..fingerprints import file_identity
 from ..helpers import fname
 from ..node import Failed, into, length
 from .epochs import FollowsEpoch
@@ -43,6 +44,7 @@ class Chunks(View):
         self.read, self.cache = read, operator.index(cache)
         if self.cache < 1:
             raise ValueError(f"chunks: cache must be >= 1 (chunks held in memory), got {cache}")
+        self._given_lengths = lengths is not None
         if lengths is None:
             self._lens: list[int | None] = [None] * len(self.paths)
         else:
@@ -215,6 +217,14 @@ class Chunks(View):
     def _get_each(self, idx: Sequence[int], out: list | None = None) -> list:
         return into(out, self._grouped(idx, True))
 
+    def fingerprint_identity(self) -> dict:
+        """The files' basenames in order, their sizes (local files), the lengths when given and the
+        reader, for lazyseq.fingerprint: O(files) stats, no chunk read."""
+        given = self._given_lengths
+        return {"paths": [os.path.basename(os.fspath(p)) for p in self.paths],
+                "bytes": [file_identity(os.fspath(p))["bytes"] for p in self.paths],
+                "lengths": list(self._lens) if given else None, "read": fname(self.read)}
+
     def describe(self) -> str:
         return f"chunks({fname(self.read)}, {len(self.paths)} files, cache={self.cache})"
 
@@ -341,6 +351,9 @@ class BlockShuffle(FollowsEpoch, Remap):
     def order(self) -> list[int]:
         """The source index of every item: ``[source index of item 0, of item 1, ...]``."""
         return self._map_many(range(self._n))
+
+    def fingerprint_extra(self) -> dict:
+        return {"blocks": self._bounds}
 
     def describe(self) -> str:
         return f"block_shuffle({self.blocks} blocks, window={self.window}, seed={self.seed}, {self._epoch_text()})"

@@ -6,6 +6,9 @@ Built with ``epoch=None``, a view *follows* the epoch of whoever reads it by epo
 resume and persistent workers alike); read outside a loader, ``None`` is epoch 0. Built with an
 int, a view keeps that epoch whatever the loader's.
 
+A view that sets ``takes_loader_seed = True`` (``bucket``) and was built with ``seed=None`` also
+takes the loader's seed (``at_epoch(seq, epoch, seed)``); outside a loader its seed is 0.
+
 :func:`at_epoch` never changes a view: it returns a copy of the path from the root to each view
 that follows, bound to the epoch, and shares every other part (subtrees without such a view,
 sources, functions, data). It costs O(number of views), once per epoch, and nothing per item.
@@ -45,6 +48,10 @@ class FollowsEpoch:
 
     epoch: int | None
     _epoch: int
+    # With True, ``seed`` is what the view was built with (None: the loader's) and ``_seed`` the seed
+    # it reads now (``seed``, the one a loader bound, or 0); ``_epoch_setup`` depends on both.
+    takes_loader_seed = False
+    _seed: int = 0
 
     def _init_epoch(self, epoch: Any, where: str) -> None:
         self.epoch = check_epoch(epoch, where)
@@ -64,6 +71,15 @@ class FollowsEpoch:
 def follows_epoch(seq: Any) -> bool:
     """Whether ``seq`` holds a view built with ``epoch=None``: a loader's epochs change its items."""
     return any(isinstance(v, FollowsEpoch) and v.epoch is None for v in _walk(seq, set()))
+
+
+def _rebinds(node: Any, epoch: int, seed: int | None) -> bool:
+    """Whether ``node`` reads another epoch or seed once bound to these."""
+    if not isinstance(node, FollowsEpoch):
+        return False
+    if node.epoch is None and node._epoch != epoch:
+        return True
+    return seed is not None and node.takes_loader_seed and node.seed is None and node._seed != seed
 
 
 def _walk(node: Any, seen: set) -> Any:
@@ -120,10 +136,15 @@ def _copy(node: Any, swap: dict[int, Any]) -> Any:
     return c
 
 
-def at_epoch(seq: Any, epoch: int) -> Any:
+def at_epoch(seq: Any, epoch: int, seed: int | None = None) -> Any:
     """``seq`` with every view built with ``epoch=None`` reading epoch ``epoch`` (views built with
     an int keep theirs): the DataLoader's way to bind an epoch. ``seq`` itself is unchanged, and
     returned as it is when nothing in it follows the epoch.
+
+    ``seed`` (the loader's) goes to the views that take the loader's seed when built with
+    ``seed=None`` (:func:`lazyseq.bucket`); None leaves their seed as it is (0 outside a loader).
+    A view whose sources were rebound and that keeps something computed from its sources' items
+    (a packing plan) drops it there (its ``_sources_rebound`` hook), so the copy plans again.
 
     >>> import lazyseq
     >>> s = lazyseq.shuffle(range(6), seed=1)          # epoch=None: 0 here, the loader's inside one
@@ -146,12 +167,17 @@ def at_epoch(seq: Any, epoch: int) -> Any:
             return done
         memo[id(node)] = node  # (a view tree has no cycles; this keeps a malformed one finite)
         swap = {id(k): n for k in _links(node) if (n := bind(k)) is not k}
-        follows = isinstance(node, FollowsEpoch) and node.epoch is None and node._epoch != epoch
+        follows = _rebinds(node, epoch, seed)
         new = node
         if swap or follows:
             new = _copy(node, swap)
+            if swap and hasattr(new, "_sources_rebound"):
+                new._sources_rebound()
             if follows:
-                new._epoch = epoch
+                if new.epoch is None:
+                    new._epoch = epoch
+                if seed is not None and new.takes_loader_seed and new.seed is None:
+                    new._seed = seed
                 new._epoch_setup()
         memo[id(node)] = new  # a view read twice in the tree (a shared subtree) is copied once
         return new

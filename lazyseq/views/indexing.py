@@ -315,6 +315,11 @@ class _Cursor:
 
 
 class Uniter(View):
+    def fingerprint_refuse(self) -> str:
+        """Why a position in this view cannot be saved (lazyseq.fingerprint)."""
+        return (f"{self.describe()} reads an iterable in order: its items are not a function of an index, so a "
+                "position in it cannot be saved and resumed; save the data first (lazyseq.save) or give a sequence")
+
     def __init__(self, iterable: Iterable, cache_size: int, n_parallel: int, size: int | None):
         if not hasattr(iterable, "__iter__"):
             raise TypeError(f"uniter: expected an iterable, got {type(iterable).__name__}")

@@ -159,8 +159,19 @@ class Mix(FollowsEpoch, Routed):
             raise ValueError("mix: give at least one sequence to mix")
         self._rds = tuple(reader(s) for s in self.seqs)
         self._lens = [length(s) for s in self.seqs]  # None: endless (or of unknown size)
-        self.weights = integer_weights(weights, len(self.seqs))
-        self._rule = Rule(self.weights)
+        self.schedule = None
+        if type(weights).__name__ == "Schedule":  # (imported only when one is used: schedules imports us)
+            from .schedule_rule import ScheduledRule
+
+            if weights.n != len(self.seqs):
+                raise ValueError(f"mix: the schedule's weights are for {weights.n} sources; "
+                                 f"{len(self.seqs)} sequences were given")
+            self.schedule, self._rule = weights, ScheduledRule(weights)
+            self.weights = [int(any(seg[1][k] or (seg[3] and seg[3][k]) for seg in weights.segments))
+                            for k in range(len(self.seqs))]  # 1: the source has a positive weight somewhere
+        else:
+            self.weights = integer_weights(weights, len(self.seqs))
+            self._rule = Rule(self.weights)
         if isinstance(stop, (bool, np.bool_)) or not (stop in ("first", "all") or isinstance(stop, (int, np.integer))):
             raise ValueError(f"mix: stop must be 'first', 'all' or a length (an int >= 0), got {stop!r}")
         self.stop = stop if isinstance(stop, str) else operator.index(stop)
@@ -188,9 +199,18 @@ class Mix(FollowsEpoch, Routed):
                 raise ValueError(f"mix: every sequence with a positive weight is endless, so stop={self.stop!r} "
                                  "never comes; give the length instead: stop=<int>")
             if self.stop == "first":  # the longest mix that reads no sequence past its end
-                n = min(rule.first(k, lens[k] + 1) - 1 for k in finite)
+                ends = [rule.first(k, lens[k] + 1) for k in finite]  # (None: a schedule never gets there)
+                if all(e is None for e in ends):
+                    raise ValueError("mix: the schedule never reads a sequence past its end, so stop='first' "
+                                     "never comes; give the length instead: stop=<int>")
+                n = min(e - 1 for e in ends if e is not None)
             else:  # the shortest mix that reads every sequence to its end
-                n = max(rule.first(k, lens[k]) for k in finite)
+                ends = [rule.first(k, lens[k]) for k in finite]
+                if None in ends:
+                    k = finite[ends.index(None)]
+                    raise ValueError(f"mix: the schedule never reads sequence {k} to its end, so stop='all' "
+                                     "never comes; give the length instead: stop=<int>")
+                n = max(ends)
         for k in live:
             if lens[k] == 0 and rule.count(k, n):
                 raise ValueError(f"mix: sequence {k} is empty, but {rule.count(k, n)} of the {n} items "
@@ -259,9 +279,18 @@ class Mix(FollowsEpoch, Routed):
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_blocks": {}}
 
+    @property
+    def ordered_only(self) -> bool:
+        """Whether the mix is meant to be read in order: a scheduled mix is (its weights follow
+        the position; a loader's ``shuffle=True`` would mix the schedule's phases), so the
+        DataLoader warns about ``shuffle=True`` over it (shuffle inside each source instead)."""
+        return self.schedule is not None
+
     def describe(self) -> str:
         w = ":".join(map(str, self.weights))
-        if len(w) > 40:
+        if self.schedule is not None:
+            w = repr(self.schedule)
+        elif len(w) > 40:
             w = ":".join(f"{a / self._rule.total:.3g}" for a in self.weights)
         seed = "" if self.seed is None else f", seed={self.seed!r}, {self._epoch_text()}"
         return f"mix({len(self.seqs)} sequences, weights={w}{seed}, stop={self.stop!r})"
@@ -283,6 +312,12 @@ def mix(seqs: Sequence[Any], weights: Any = None, seed: Any = None, epoch: int |
     (every sequence goes round as often as needed). Sequences without ``len`` are endless. Weights
     are exact: ints and Fractions as they are, a float as the decimal it prints as (0.3 is 3/10).
     Writes go to the sequence the item comes from.
+
+    ``weights`` may also be a :func:`schedule`: weights that change with the position. Item ``i``
+    then follows the weights in force at ``i``, each sequence's count in every prefix staying
+    within 2 items of its integral share for two sequences and 3 for more with steps, 3 and 4 with
+    lines (in fact 1/2 for two); ``counts`` stays exact. A scheduled mix is meant to be read in
+    order (``ordered_only``).
 
     >>> import lazyseq
     >>> ''.join(lazyseq.mix(['AAAAAA', 'bbb']))
