@@ -11,12 +11,23 @@ SOAK_EPOCHS, QUICK_EPOCHS = 200, 30  # epochs per loader in tests/test_soak.py: 
 
 
 def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", help="also run the tests marked slow (long property runs)")
     parser.addoption("--soak", action="store_true",
                      help=f"tests/test_soak.py: run {SOAK_EPOCHS} epochs per loader (default {QUICK_EPOCHS})")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "soak: a leak test whose length --soak sets (the soak_epochs fixture)")
+    config.addinivalue_line("markers", "slow: a long run of a property test, skipped unless --slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture

@@ -38,6 +38,14 @@ def _loaders(make: Callable[[], Any], setting: dict, common: dict) -> list[lazys
 def _segment(loaders: list, steps: int | None, epochs: int) -> tuple[dict[int, list], dict]:
     """Read ``steps`` global steps (all ranks one batch each; None: to the end of epoch ``epochs - 1``),
     the items of each epoch in global order, and the state after."""
+    try:
+        return _read(loaders, steps, epochs)
+    finally:  # a failing check leaves no worker behind
+        for loader in loaders:
+            loader.close()
+
+
+def _read(loaders: list, steps: int | None, epochs: int) -> tuple[dict[int, list], dict]:
     out: dict[int, list] = {}
     done = 0
     while steps is None or done < steps:
@@ -50,15 +58,14 @@ def _segment(loaders: list, steps: int | None, epochs: int) -> tuple[dict[int, l
             if any(p is None for p in parts):
                 assert all(p is None for p in parts), "ranks ended an epoch at different steps"
                 break
-            width = len(parts[0])  # the global order, strided over the ranks: item j of rank r is r + W j
-            out.setdefault(epoch, []).extend(p[j] for j in range(width) for p in parts)
+            if loaders[0].batch_size is None:  # a dataset of batches: the ranks' units are whole batches
+                out.setdefault(epoch, []).extend(x for p in parts for x in p)
+            else:  # the global order, strided over the ranks: item j of rank r is r + W j
+                out.setdefault(epoch, []).extend(p[j] for j in range(len(parts[0])) for p in parts)
             done += 1
         for it in its:
             it.close()
-    state = loaders[0].state_dict()
-    for loader in loaders:
-        loader.close()
-    return out, state
+    return out, loaders[0].state_dict()
 
 
 def check_chained(make: Callable[[], Any], cuts: list[int], settings: list[dict], epochs: int = 2,

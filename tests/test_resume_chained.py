@@ -1,6 +1,7 @@
 """Three chained interruptions at random steps, each resume with other workers, method, persistent
 workers or world size: the items read equal the uninterrupted run's (tests/resume_harness.py).
-A few examples per pipeline in CI (the same ones each run); LAZYSEQ_RESUME_EXAMPLES=50 draws more, at random."""
+A few examples per pipeline in CI (the same ones each run); the slow variant (`pytest --slow`) draws 60
+random ones per pipeline."""
 
 import os
 
@@ -49,9 +50,16 @@ def chunk_files(tmp_path_factory):
     return paths
 
 
+def docs():
+    rng = np.random.default_rng(0)
+    return [np.arange(n, dtype=np.int32) + 1000 * k for k, n in enumerate(rng.integers(1, 12, 70))]
+
+
 def pipelines(store, chunk_files):
     sched = lazyseq.schedule([(0, [0.8, 0.2]), (30, [0.3, 0.7])], interpolate="linear")
     return {
+        "pack": (lambda: lazyseq.pack(docs(), 16, method="best_fit"), {"shuffle": True}),
+        "bucket": (lambda: lazyseq.bucket(docs(), 40, collate_fn=lazyseq.pad_collate), {"shuffle": True, "batch_size": None}),
         "store+shuffle": (lambda: lazyseq.load(store), {"shuffle": True}),
         "mix+seed": (lambda: lazyseq.mix([np.arange(40), lazyseq.shuffle(np.arange(100, 160), 2)], [2, 1], seed=3),
                      {"shuffle": True}),
@@ -63,16 +71,31 @@ def pipelines(store, chunk_files):
     }
 
 
-@pytest.mark.parametrize("name", ["store+shuffle", "mix+seed", "chunks+block_shuffle", "smap(seed)",
-                                  "seed_each_item", "schedule"])
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("LAZYSEQ_RESUME_EXAMPLES"),
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(cuts=st.lists(st.integers(1, 9), min_size=3, max_size=3), chosen=st.lists(SETTINGS, min_size=4, max_size=4),
-       worlds=st.booleans())
+NAMES = ["store+shuffle", "mix+seed", "chunks+block_shuffle", "smap(seed)", "seed_each_item", "schedule", "pack", "bucket"]
+STRATEGY = dict(cuts=st.lists(st.integers(1, 9), min_size=3, max_size=3), chosen=st.lists(SETTINGS, min_size=4, max_size=4),
+                worlds=st.booleans())
+HEALTH = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=HEALTH)
+@given(**STRATEGY)
 def test_chained_resumes_read_what_the_run_would_have(store, chunk_files, name, cuts, chosen, worlds):
+    run(store, chunk_files, name, cuts, chosen, worlds)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+@settings(max_examples=60, deadline=None, suppress_health_check=HEALTH)
+@given(**STRATEGY)
+def test_chained_resumes_many_random_interruptions(store, chunk_files, name, cuts, chosen, worlds):
+    run(store, chunk_files, name, cuts, chosen, worlds)
+
+
+def run(store, chunk_files, name, cuts, chosen, worlds):
     make, kw = pipelines(store, chunk_files)[name]
     if kw.get("seed_each_item"):
         chosen = [{**s, "method": "process"} if s.get("num_workers") else s for s in chosen]  # (threads share globals)
     if worlds:
         chosen = [{**s, "world_size": w} for s, w in zip(chosen, WORLDS)]
-    check_chained(make, cuts, chosen, epochs=2, batch_size=3, seed=11, drop_last=worlds, **kw)
+    check_chained(make, cuts, chosen, epochs=2, **{"batch_size": 3, "seed": 11, "drop_last": worlds, **kw})
