@@ -123,6 +123,13 @@ def _source(src: Any) -> dict:
     return {"source": type(src).__name__, "len": n}
 
 
+def _among(v: Any, kids: tuple) -> bool:
+    """Whether ``v`` is one of the view's sources, or a list or tuple of them (described under "of")."""
+    if any(v is c for c in kids):
+        return True
+    return isinstance(v, (list, tuple)) and 0 < len(v) <= _SHORT and all(any(x is c for c in kids) for x in v)
+
+
 def _entry(view: Any, code: bool, seen: dict) -> Any:
     if not isinstance(view, Node):
         return _source(view)
@@ -138,7 +145,7 @@ def _entry(view: Any, code: bool, seen: dict) -> Any:
     kids = view.children()
     skip = _SKIP | set(getattr(view, "fingerprint_skip", ()))
     params = {k: _value(v, code) for k, v in sorted(vars(view).items())
-              if not k.startswith("_") and k not in skip and not any(v is c for c in kids)}
+              if not k.startswith("_") and k not in skip and not _among(v, kids)}
     if hasattr(view, "fingerprint_extra"):  # what a view keeps privately but decides its items
         params.update({k: _value(v, code) for k, v in view.fingerprint_extra().items()})
     # its name as the user wrote it (smap, starmap, shuffle...), without the parameters: an epoch or a

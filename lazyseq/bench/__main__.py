@@ -10,7 +10,7 @@ import sys
 SCENARIOS = {"views": "lazyseq.bench.views", "prefetch": "lazyseq.bench.prefetch", "tensor": "lazyseq.bench.tensor",
              "dataloader": "lazyseq.bench.dataloader", "store": "lazyseq.bench.store",
              "memory": "lazyseq.bench.memory", "ray": "lazyseq.bench.cluster", "report": "lazyseq.bench.report",
-             "spdl": "lazyseq.bench.spdl"}
+             "spdl": "lazyseq.bench.spdl", "tokens": "lazyseq.bench.tokens"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     ap.add_argument("--only", metavar="PART[,PART]", help="prefetch: run only these parts (large, tiny, compute, startup)")
     ap.add_argument("--rounds", type=int, metavar="N", help="prefetch: rounds per loader (start-up: tries)")
+    ap.add_argument("--tinygrad", metavar="DIR", help="tokens: a checkout of tinygrad, to compare with its MLPerf loader")
     ap.add_argument("--out", metavar="DIR", help="report: write benchmarks.md and img/ there (default: docs)")
     args = ap.parse_args(argv)
     options = {}
@@ -33,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.scenario != "report":
             ap.error("--out applies to the report scenario")
         options["out"] = args.out
+    if args.tinygrad:
+        if args.scenario != "tokens":
+            ap.error("--tinygrad applies to the tokens scenario")
+        options["tinygrad"] = args.tinygrad
     results = importlib.import_module(SCENARIOS[args.scenario]).run(quick=args.quick, **options)
     if args.json:
         with open(args.json, "w") as f:

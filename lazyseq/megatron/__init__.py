@@ -1,0 +1,18 @@
+"""Language-model corpora: Megatron's indexed ``.bin``/``.idx`` files, read and written, and the
+fixed-length GPT samples and blends of tinygrad's MLPerf loader, as random-access views.
+
+- :func:`indexed`: the sequences (documents) of ``prefix.bin``/``prefix.idx``, zero-copy;
+- :func:`write`: any sequence of 1-D integer arrays written in that format, streaming, atomically;
+- :func:`gpt`: fixed-length samples spanning documents, those of tinygrad's ``GPTDataset``;
+- :func:`blend`: the samples of several corpora mixed by weight, those of ``BlendedGPTDataset``.
+
+``from lazyseq import megatron`` (or ``import lazyseq.megatron``) reaches it; docs/megatron.md
+is the guide.
+"""
+
+from .blending import Blend, blend
+from .idx import Indexed, indexed
+from .samples import GPT, gpt
+from .writer import write
+
+__all__ = ["indexed", "write", "gpt", "blend", "Indexed", "GPT", "Blend"]

@@ -1,0 +1,124 @@
+"""Every file access of :mod:`lazyseq.megatron`, in one place.
+
+DESIGN section 2: a format never opens a file itself, it asks the files layer. Until that layer
+exists (local paths, then any fsspec URL), these few functions are the only ones in this package
+that touch the file system, so that swapping them swaps every read and write of the format:
+
+- :func:`map_file`: a read-only, zero-copy ``uint8`` array over a memory map of a regular file;
+- :func:`stamp`: a file's size and modification time (the key of a cached index);
+- :func:`create`, :func:`commit`, :func:`write_atomic`: new files written beside their final path
+  and renamed into place when complete;
+- :func:`writable_dir`: whether a directory is local and writable (where an index is cached);
+- :func:`read_npy`: a ``.npy`` file from elsewhere, read with ``allow_pickle=False``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import stat
+import tempfile
+from collections.abc import Callable
+from typing import BinaryIO
+
+import numpy as np
+
+from ..errors import StoreError
+
+__all__ = ["map_file", "stamp", "create", "commit", "write_atomic", "writable_dir", "makedirs", "read_npy", "remove"]
+
+
+def map_file(path: str) -> np.ndarray:
+    """The bytes of the regular file ``path`` as a read-only ``uint8`` array over a memory map.
+
+    A missing file raises ``FileNotFoundError``; anything else than a regular file (a FIFO, a
+    device, a directory) a :class:`StoreError` naming it: opening never waits on a FIFO."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StoreError(f"{path} is not a regular file")
+        if st.st_size == 0:  # mmap refuses an empty file
+            empty = np.zeros(0, np.uint8)
+            empty.flags.writeable = False
+            return empty
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    return np.frombuffer(mm, np.uint8)
+
+
+def stamp(path: str) -> tuple[int, int]:
+    """``(size, mtime_ns)`` of ``path`` (``FileNotFoundError`` when missing)."""
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+def create(path: str) -> tuple[BinaryIO, str]:
+    """A new, empty temporary file beside ``path`` (same directory, hidden name), opened for
+    reading and writing, and its path: :func:`commit` renames it into place, :func:`remove`
+    drops it."""
+    directory, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".lazyseq-tmp", dir=directory)
+    return os.fdopen(fd, "w+b"), tmp
+
+
+def commit(f: BinaryIO, tmp: str, path: str) -> None:
+    """Flush, sync and close ``f`` (made by :func:`create`), and rename ``tmp`` to ``path``: the file
+    appears there complete, or not at all."""
+    f.flush()
+    os.fsync(f.fileno())
+    f.close()
+    os.chmod(tmp, 0o644)  # mkstemp makes it 0o600; a dataset is for others to read too
+    os.replace(tmp, path)
+
+
+def write_atomic(path: str, write: Callable[[BinaryIO], None]) -> None:
+    """Write a file with ``write(f)``: it appears at ``path`` complete when ``write`` returns, and
+    never otherwise."""
+    f, tmp = create(path)
+    try:
+        write(f)
+        commit(f, tmp, path)
+    except BaseException:
+        f.close()
+        remove(tmp)
+        raise
+
+
+def writable_dir(directory: str) -> bool:
+    """Whether ``directory`` is an existing local directory this process may create files in."""
+    return os.path.isdir(directory) and os.access(directory, os.W_OK | os.X_OK)
+
+
+def makedirs(directory: str) -> None:
+    """Create ``directory`` and its parents where missing."""
+    os.makedirs(directory, exist_ok=True)
+
+
+def read_npy(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """The array of the ``.npy`` file ``path``, which must hold exactly ``shape`` items of ``dtype``:
+    its header is read and checked against them (and the file's size) before anything is
+    allocated, and nothing is unpickled. ``ValueError`` says what differs; ``OSError`` when
+    the file cannot be read."""
+    fmt = np.lib.format
+    with open(path, "rb") as f:
+        version = fmt.read_magic(f)
+        if version not in ((1, 0), (2, 0), (3, 0)):
+            raise ValueError(f"unknown .npy version {version}")
+        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        got_shape, fortran, got_dtype = read(f, max_header_size=10000)
+        if got_dtype != np.dtype(dtype) or tuple(got_shape) != tuple(shape) or (fortran and len(shape) > 1):
+            raise ValueError(f"it holds {got_dtype} {tuple(got_shape)}, not {np.dtype(dtype)} {tuple(shape)}")
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if os.fstat(f.fileno()).st_size != f.tell() + nbytes:
+            raise ValueError("its size does not match its header")
+        data = f.read(nbytes)
+    if len(data) != nbytes:
+        raise ValueError("it was truncated while read")
+    return np.frombuffer(data, dtype).reshape(shape)
+
+
+def remove(path: str) -> None:
+    """Remove ``path`` if it is there."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

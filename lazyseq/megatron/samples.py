@@ -1,0 +1,195 @@
+"""``lazyseq.megatron.gpt``: fixed-length GPT samples over Megatron documents, item for item those
+of tinygrad's MLPerf loader (``examples/mlperf/dataloader.py``, ``GPTDataset``).
+
+The index, as tinygrad builds it, with numpy instead of a loop per sample:
+
+- ``epochs``: the fewest (at least 1) whose tokens reach ``num_samples * seq_length``;
+- ``doc_idx``: the sequence numbers ``0..n-1`` repeated once per epoch (int32), shuffled as one
+  array by ``np.random.RandomState(seed).shuffle`` when ``shuffle``;
+- ``sample_idx`` (``num_samples + 1`` rows of ``(position in doc_idx, token offset)``): sample
+  ``k`` holds the tokens ``k * seq_length`` to ``k * seq_length + seq_length`` (inclusive) of the
+  documents in ``doc_idx`` order, so consecutive samples share one token. Boundary ``k`` is the
+  document holding token ``k * seq_length``, counted from a histogram of the cumulative
+  lengths (a vectorised ``searchsorted``); row 0 is ``(0, 0)``. When the epochs hold exactly ``num_samples * seq_length`` tokens
+  the last boundary is past the end, and tinygrad ends the last sample at the last token: that
+  sample has ``seq_length`` tokens, one short;
+- ``shuffle_idx``: ``arange(num_samples)`` (int32), shuffled by the same generator afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from ..base import View
+from . import cache
+from .idx import Indexed, indexed
+
+__all__ = ["GPT", "gpt", "epochs", "build", "boundaries", "check_int"]
+
+
+def check_int(x: Any, what: str, lo: int, hi: int | None = None) -> int:
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) or x < lo or (hi is not None and x > hi):
+        bound = f"from {lo} to {hi}" if hi is not None else f">= {lo}"
+        raise ValueError(f"{what} must be an int {bound}, got {x!r}")
+    return int(x)
+
+
+def epochs(tokens: int, num_samples: int, seq_length: int) -> int:
+    """How many epochs of ``tokens`` tokens tinygrad reads: the fewest, at least 1, that hold
+    ``num_samples * seq_length`` tokens."""
+    return max(1, -(-(num_samples * seq_length) // tokens))
+
+
+def boundaries(lens: np.ndarray, num_samples: int, seq_length: int) -> np.ndarray:
+    """``sample_idx`` for documents of lengths ``lens`` (in ``doc_idx`` order), vectorised."""
+    out = np.zeros((num_samples + 1, 2), np.int64)
+    if not num_samples:
+        return out
+    ends = np.cumsum(lens, dtype=np.int64)
+    pos = np.arange(1, num_samples + 1, dtype=np.int64) * seq_length
+    # the document holding token pos (empty ones skipped) is the number of documents ending at or
+    # before pos: ends <= k * seq_length exactly when ceil(ends / seq_length) <= k, so one histogram
+    # of those ceilings, summed up, counts them for every k at once (a searchsorted, in O(n))
+    first = np.minimum((ends + (seq_length - 1)) // seq_length, num_samples + 1)
+    d = np.cumsum(np.bincount(first, minlength=num_samples + 2))[1 : num_samples + 1]
+    past = d >= len(lens)  # only the last boundary, when the epochs hold exactly the tokens asked for
+    if past.any():
+        d[past] = len(lens) - 1
+    out[1:, 0] = d
+    out[1:, 1] = pos - (ends[d] - lens[d])
+    if past.any():
+        out[1:][past, 1] = lens[-1] - 1
+    return out
+
+
+def build(sizes: np.ndarray, num_samples: int, seq_length: int, seed: int, shuffle: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(doc_idx, shuffle_idx)`` as tinygrad builds them: one generator, the documents first."""
+    n_epochs = epochs(int(sizes.sum(dtype=np.int64)), num_samples, seq_length)
+    doc_idx = np.tile(np.arange(len(sizes), dtype=np.int32), n_epochs)
+    shuffle_idx = np.arange(num_samples, dtype=np.int32)
+    if shuffle:
+        rng = np.random.RandomState(seed)
+        rng.shuffle(doc_idx)
+        rng.shuffle(shuffle_idx)
+    return doc_idx, shuffle_idx
+
+
+def _check(count: int, n_epochs: int, num_samples: int):
+    """The bounds check of a cached ``(doc_idx, shuffle_idx)``: each sequence ``n_epochs`` times,
+    each sample once (shapes and dtypes are checked when read)."""
+    def check(doc_idx: np.ndarray, shuffle_idx: np.ndarray) -> None:
+        if len(doc_idx) and (doc_idx.min() < 0 or doc_idx.max() >= count
+                             or (np.bincount(doc_idx, minlength=count) != n_epochs).any()):
+            raise ValueError("doc_idx is not the documents once per epoch")
+        if num_samples and (shuffle_idx.min() < 0 or shuffle_idx.max() >= num_samples
+                            or (np.bincount(shuffle_idx, minlength=num_samples) != 1).any()):
+            raise ValueError("shuffle_idx is not a permutation of the samples")
+    return check
+
+
+class GPT(View):
+    fingerprint_skip = ("cache", "cache_dir")  # where the index is cached decides no sample
+    """Fixed-length samples of Megatron documents: see :func:`gpt`."""
+
+    checks_keys = False
+
+    def __init__(self, docs: Any, num_samples: int, seq_length: int, *, seed: int = 0, shuffle: bool = True,
+                 cache: bool = True, cache_dir: str | os.PathLike | None = None):
+        self.docs = docs if isinstance(docs, Indexed) else indexed(docs)
+        self.num_samples = check_int(num_samples, "lazyseq.megatron.gpt: num_samples", 0)
+        self.seq_length = check_int(seq_length, "lazyseq.megatron.gpt: seq_length", 1)
+        self.seed = check_int(seed, "lazyseq.megatron.gpt: seed", 0, 2**32 - 1)
+        self.shuffle, self.cache, self.cache_dir = bool(shuffle), bool(cache), cache_dir
+        self._index: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._lock = threading.Lock()
+
+    def __reduce__(self):  # the index goes with the view, built once, here
+        return (_restore, (self.docs, self.num_samples, self.seq_length, self.seed, self.shuffle, self.cache,
+                           self.cache_dir, self.index()))
+
+    def index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(doc_idx, sample_idx, shuffle_idx)``, as tinygrad's ``GPTDataset`` has them (built, or
+        read from the cache, at the first call)."""
+        if self._index is None:
+            with self._lock:
+                if self._index is None:
+                    self._index = self._build()
+        return self._index
+
+    def _build(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        sizes = self.docs.sizes
+        tokens = int(sizes.sum(dtype=np.int64))
+        if not tokens:
+            raise ValueError(f"lazyseq.megatron.gpt: {self.docs.prefix} holds no tokens: there are no samples to cut")
+        n_epochs, n = epochs(tokens, self.num_samples, self.seq_length), self.num_samples
+        params = {"num_samples": n, "seq_length": self.seq_length, "seed": self.seed, "shuffle": self.shuffle}
+        spec = [("doc_idx", "<i4", (len(sizes) * n_epochs,)), ("shuffle_idx", "<i4", (n,))]
+        doc_idx, shuffle_idx = cache.cached(
+            "gpt", self.docs.prefix, params, spec, lambda: build(sizes, n, self.seq_length, self.seed, self.shuffle),
+            _check(len(sizes), n_epochs, n), self.cache_dir, self.cache)
+        sample_idx = boundaries(sizes[doc_idx].astype(np.int64), n, self.seq_length)
+        return doc_idx, sample_idx, shuffle_idx
+
+    def _len(self) -> int:
+        return self.num_samples
+
+    def _get(self, i: int) -> np.ndarray:
+        doc_idx, sample_idx, shuffle_idx = self.index()
+        j = int(shuffle_idx[i])
+        (d0, o0), (d1, o1) = sample_idx[j].tolist(), sample_idx[j + 1].tolist()
+        docs = self.docs
+        if d0 == d1:
+            return docs.tokens(int(doc_idx[d0]), o0, o1 + 1).copy()
+        ids = doc_idx[d0 : d1 + 1].tolist()
+        sizes = docs.sizes
+        parts = [docs.tokens(ids[0], o0, int(sizes[ids[0]]))]
+        parts += [docs._get(k) for k in ids[1:-1]]
+        parts.append(docs.tokens(ids[-1], 0, o1 + 1))
+        return np.concatenate(parts)
+
+    def children(self) -> tuple:
+        return (self.docs,)
+
+    def describe(self) -> str:
+        return (f"megatron.gpt(num_samples={self.num_samples}, seq_length={self.seq_length}, seed={self.seed}, "
+                f"shuffle={self.shuffle})")
+
+
+def _restore(docs, num_samples, seq_length, seed, shuffle, use_cache, cache_dir, index) -> GPT:
+    v = GPT(docs, num_samples, seq_length, seed=seed, shuffle=shuffle, cache=use_cache, cache_dir=cache_dir)
+    v._index = index
+    return v
+
+
+def gpt(docs: Any, num_samples: int, seq_length: int, *, seed: int = 0, shuffle: bool = True, cache: bool = True,
+        cache_dir: str | os.PathLike | None = None) -> GPT:
+    """``num_samples`` samples of ``seq_length + 1`` tokens cut from the documents ``docs`` (an
+    :func:`indexed` view, or a prefix), item for item those of tinygrad's MLPerf ``GPTDataset``.
+
+    Item ``i`` equals ``GPTDataset(prefix, num_samples, seq_length, seed, shuffle)[i]``: the
+    documents are repeated for as many epochs as ``num_samples * seq_length`` tokens need,
+    shuffled together with ``np.random.RandomState(seed)``, cut into samples that span documents
+    and share one token with the next, and the samples are shuffled with the same generator.
+    When the epochs hold exactly ``num_samples * seq_length`` tokens, the last sample (before the
+    sample shuffle) is one token short, as in tinygrad. ``shuffle=False`` keeps both orders.
+    Items are new (writable) arrays of the documents' dtype.
+
+    Building the view reads nothing: the index is built at the first read, with vectorised numpy,
+    and cached beside the data (else under ``cache_dir``, default ``~/.cache/lazyseq``; ``cache=False``:
+    not at all). The samples are fixed by ``seed`` and take no epoch: shuffle them per epoch on top
+    (a ``DataLoader`` with ``shuffle=True`` does). The view pickles with its index: prefetch workers
+    never rebuild it.
+
+    >>> import tempfile, os
+    >>> from lazyseq import megatron
+    >>> prefix = os.path.join(tempfile.mkdtemp(), 'corpus')
+    >>> megatron.write(prefix, [np.arange(10), np.arange(100, 105)])
+    >>> samples = megatron.gpt(prefix, num_samples=3, seq_length=4, shuffle=False)
+    >>> [s.tolist() for s in samples]
+    [[0, 1, 2, 3, 4], [4, 5, 6, 7, 8], [8, 9, 100, 101, 102]]
+    """
+    return GPT(docs, num_samples, seq_length, seed=seed, shuffle=shuffle, cache=cache, cache_dir=cache_dir)
