@@ -97,6 +97,24 @@ def test_an_interrupted_write_leaves_the_previous_files(tmp_path):
     assert not leftovers(tmp_path)
 
 
+def test_a_crash_between_the_renames_leaves_no_corpus_rather_than_a_mixed_one(tmp_path, monkeypatch):
+    from lazyseq.megatron import access
+
+    megatron.write(tmp_path / "c", [[1, 2, 3]])
+    real = access.commit
+
+    def commit(f, tmp, path):
+        if str(path).endswith(".idx"):
+            raise KeyboardInterrupt  # the process dies after the new .bin is in place
+        real(f, tmp, path)
+    monkeypatch.setattr(access, "commit", commit)
+    with pytest.raises(KeyboardInterrupt):
+        megatron.write(tmp_path / "c", [np.arange(50)] * 3)
+    assert not (tmp_path / "c.idx").exists()  # no corpus, rather than a new .bin read through the old .idx
+    with pytest.raises((FileNotFoundError, lazyseq.StoreError)):
+        megatron.indexed(tmp_path / "c")
+
+
 def test_write_from_process_workers(tmp_path):
     docs = lazyseq.smap(lambda i: np.arange(i % 13) * i, range(80))
     with lazyseq.prefetch(docs, nworkers=2, method="process") as p:

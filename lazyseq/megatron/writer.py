@@ -3,8 +3,9 @@
 The tokens stream to a temporary ``.bin`` beside the final one (memory bounded by one document
 and the per-document tables); with ``dtype=None`` the file starts as uint16 and is widened in
 place (to int32, then int64) by a chunked rewrite the first time a value does not fit. Both files
-are renamed into place at the end, the ``.bin`` first and the ``.idx`` last (readers start from
-the ``.idx``): an interrupted write leaves the previous files, or none.
+are renamed into place at the end: an old ``.idx`` is removed, then the ``.bin`` and the ``.idx``
+renamed in (readers start from the ``.idx``): an interrupted write leaves the previous files, or
+no ``.idx`` (no corpus), never a new ``.bin`` beside an old ``.idx``.
 """
 
 from __future__ import annotations
@@ -140,7 +141,10 @@ def write(prefix: str | os.PathLike, docs: Iterable, dtype: Any = None) -> None:
         table = np.frombuffer(sizes, np.int64) if sizes else np.zeros(0, np.int64)
         index = access.create(idx_file)
         _index(index[0], table, out.dt)
-        access.commit(out.f, out.tmp, bin_file)  # the .bin first: a reader starts from the .idx
+        # An old .idx goes first, then the new .bin, then the new .idx: a crash between the renames
+        # leaves no .idx (no corpus), never a new .bin read through an old .idx.
+        access.remove(idx_file)
+        access.commit(out.f, out.tmp, bin_file)
         access.commit(*index, idx_file)
     except BaseException:
         out.drop()
