@@ -379,19 +379,39 @@ def test_the_cache_goes_to_cache_dir_when_the_data_directory_is_not_writable(pre
     assert not cache_files(prefix.parent)
 
 
-def test_the_tokens_bench_runs_quick_without_tinygrad(tmp_path):
+# no-grain: grain made unimportable, as test_bench.py hides a scenario's peers
+HIDE_GRAIN = ("import sys; sys.modules['grain'] = None; "
+              "from lazyseq.bench.__main__ import main; sys.exit(main(sys.argv[1:]))")
+
+
+@pytest.mark.parametrize("hide_grain", [pytest.param(False, id="installed-grain"), pytest.param(True, id="no-grain")])
+def test_the_tokens_bench_runs_quick_without_tinygrad(tmp_path, hide_grain):
+    import importlib.util
     import json
     import subprocess
     import sys
 
     out = tmp_path / "tokens.json"
-    proc = subprocess.run([sys.executable, "-m", "lazyseq.bench", "tokens", "--quick", "--json", str(out)],
+    head = ["-c", HIDE_GRAIN] if hide_grain else ["-m", "lazyseq.bench"]
+    proc = subprocess.run([sys.executable, *head, "tokens", "--quick", "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "no --tinygrad checkout" in proc.stdout
     res = json.loads(out.read_text())
     assert res["index"]["lazyseq_s"] > 0 and res["blend"]["samples"] == 20_000
     assert res["throughput"]["lazyseq_tokens_s"] > 0
+    d = res["packing"]
+    grain = not hide_grain and importlib.util.find_spec("grain") is not None
+    assert d["grain_installed"] == grain and ("(grain is not installed" in proc.stdout) != grain
+    assert d["grain_bins"] == [8, 64] and "num_packing_bins 8 and 64" in proc.stdout
+    methods = {"concat", "first_fit", "best_fit"}
+    peers = {f"grain first_fit, {k} bins" for k in (8, 64)} if grain else set()
+    assert set(d["fill"]) == set(d["rows"]) == set(d["rows_per_s"]) == methods | peers
+    assert all(0 < f <= 1 for f in d["fill"].values()) and all(v > 0 for v in d["rows_per_s"].values())
+    assert all(d["rows"][k] * d["length"] * d["fill"][k] == pytest.approx(d["tokens"]) for k in d["fill"])
+    assert d["lazyseq_tokens_s"] > 0 and d["lazyseq_numpy_tokens_s"] > 0 and d["plain_loop_tokens_s"] > 0
+    best = res["targets"]["best_fit_fill_vs_grain"]
+    assert best is None if not grain else best >= 1.0  # best_fit fills at least as well as Grain
 
 
 def test_a_fingerprint_names_the_data_and_builds_no_index(prefix):

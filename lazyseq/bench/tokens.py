@@ -12,6 +12,12 @@
 - (c) tokens/s of blended samples (2 corpora, 2048 tokens) through ``DataLoader`` with 2 workers to
   tinygrad Tensors, against tinygrad's ``iterate_llama3_dataset`` loop (which reads in the training
   process and yields unrealised ``NPY`` Tensors); both timed from their first batch.
+- (d) packing: the fill fraction (tokens / token slots) and rows/s of ``lazyseq.pack`` for each
+  method (concat, first_fit, best_fit) against Grain's ``FirstFitPackIterDataset`` (8 and 64
+  packing bins, ``shuffle_bins=False``) on the same sequences in the same order (heavy-tailed
+  lengths, at most the row length), every row read; and tokens/s of packed rows of a Megatron
+  corpus through ``DataLoader`` (2 workers, to tinygrad Tensors) against a plain loop over the rows
+  (one process, numpy batches). Without grain installed, lazyseq's rows alone.
 
 The tinygrad rows need a checkout of tinygrad (its wheel has no ``examples/``):
 ``python -m lazyseq.bench tokens --tinygrad /path/to/tinygrad``; without it, lazyseq's rows alone.
@@ -38,7 +44,10 @@ TARGETS = {
     "index_vs_tinygrad": ("(a) GPT index, whole: tinygrad s / lazyseq s", ">=", 10.0),
     "boundaries_vs_tinygrad": ("(a) sample boundaries alone: tinygrad s / lazyseq s", ">=", 30.0),
     "blend_seconds": ("(b) blend of 1M samples, 3 datasets: lazyseq s", "<=", 2.0),
+    "best_fit_fill_vs_grain": ("(d) best_fit fill / Grain's best fill (8 or 64 bins)", ">=", 1.0),
 }
+PACK_METHODS = ("concat", "first_fit", "best_fit")
+GRAIN_BINS = (8, 64)
 
 
 def _tinygrad(root: str | None) -> Any:
@@ -171,6 +180,78 @@ def throughput(root: str, n_docs: int, n_samples: int, seq: int, batch: int, tg:
     return out
 
 
+def _grain() -> Any:
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # absl's warning about jax's profiler
+            import grain
+    except ImportError:
+        return None
+    return grain
+
+
+def _rows_per_s(rows) -> tuple[int, float]:
+    t, n = time.perf_counter(), 0
+    for _ in rows:
+        n += 1
+    return n, n / (time.perf_counter() - t)
+
+
+def packing(root: str, n_seqs: int, length: int, batch: int) -> dict:
+    """(d): fill and rows/s of each method against Grain, then packed rows through DataLoader."""
+    import lazyseq
+    from lazyseq import megatron
+
+    rng = np.random.default_rng(7)
+    lengths = np.minimum(_sizes(n_seqs, 7), length)  # whole sequences: Grain's packing truncates longer ones
+    seqs = [rng.integers(0, 32000, int(n), dtype=np.uint16) for n in lengths]
+    tokens = int(lengths.sum())
+    out: dict = {"sequences": n_seqs, "tokens": tokens, "length": length, "batch": batch,
+                 "fill": {}, "rows": {}, "rows_per_s": {}, "grain_bins": list(GRAIN_BINS)}
+    for method in PACK_METHODS:
+        rows = lazyseq.pack(seqs, length, method=method)
+        t = time.perf_counter()
+        out["fill"][method] = rows.fill()  # the plan, from the lengths alone
+        out.setdefault("plan_s", {})[method] = time.perf_counter() - t
+        n, out["rows_per_s"][method] = _rows_per_s(rows[i] for i in range(len(rows)))
+        out["rows"][method] = n
+    grain = _grain()
+    out["grain_installed"] = grain is not None
+    if grain is None:
+        print("(grain is not installed: lazyseq's packing rows only; pip install grain==0.2.18)")
+    else:
+        for bins in GRAIN_BINS:
+            ds = grain.MapDataset.source([{"tokens": s} for s in seqs]).to_iter_dataset()
+            packed = grain.experimental.FirstFitPackIterDataset(ds, length_struct={"tokens": length},
+                                                                num_packing_bins=bins, shuffle_bins=False)
+            key = f"grain first_fit, {bins} bins"
+            n, out["rows_per_s"][key] = _rows_per_s(packed)
+            out["rows"][key], out["fill"][key] = n, tokens / (n * length)
+    # packed rows of a Megatron corpus through DataLoader (2 workers, tinygrad Tensors) and a plain loop
+    prefix = os.path.join(root, "packed")
+    megatron.write(prefix, seqs)
+    rows = lazyseq.pack(megatron.indexed(prefix), length)
+    len(rows)  # the plan, built once (workers receive it)
+    t, got = time.perf_counter(), 0
+    for b in range(0, len(rows) - batch + 1, batch):  # the plain loop: one process, numpy batches
+        items = [rows[i] for i in range(b, b + batch)]
+        x = {k: np.stack([r[k] for r in items]) for k in items[0]}
+        got += x["tokens"].size
+    out["plain_loop_tokens_s"] = got / (time.perf_counter() - t)
+    for key, to_tensor in (("lazyseq", True), ("lazyseq_numpy", False)):
+        loader = lazyseq.DataLoader(rows, batch_size=batch, shuffle=False, drop_last=True, num_workers=2,
+                                    to_tensor=to_tensor)
+        with loader:  # timed from the first batch, as in (c)
+            t0 = time.perf_counter()
+            it = iter(loader)
+            next(it)
+            t, got = time.perf_counter(), 0
+            for x in it:
+                got += int(np.prod(x["tokens"].shape))
+            out[f"{key}_tokens_s"] = got / (time.perf_counter() - t)
+            out[f"{key}_first_batch_s"] = t - t0
+    return out
+
+
 def run(quick: bool = False, tinygrad: str | None = None) -> dict:
     """Run (a), (b) and (c), print them and the targets; returns the results."""
     from lazyseq.bench.store import header
@@ -184,18 +265,38 @@ def run(quick: bool = False, tinygrad: str | None = None) -> dict:
         a = index_build(root, *((20_000, 20_000, 2048) if quick else (1_000_000, 1_000_000, 2048)), tg)
         b = blend_build(20_000 if quick else 1_000_000, tg)
         c = throughput(root, *((500, 64, 512, 8) if quick else (20_000, 8192, 2048, 16)), tg)
+        d = packing(root, *((1000, 2048, 8) if quick else (20_000, 2048, 16)))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     _print(a, b, c)
+    _print_packing(d)
+    grain_fill = max((d["fill"].get(f"grain first_fit, {k} bins", np.nan) for k in GRAIN_BINS), default=np.nan)
     values = {"index_vs_tinygrad": a.get("tinygrad_s", np.nan) / a["lazyseq_s"],
               "boundaries_vs_tinygrad": a.get("tinygrad_boundaries_s", np.nan) / a["lazyseq_boundaries_s"],
-              "blend_seconds": b["lazyseq_s"]}
+              "blend_seconds": b["lazyseq_s"], "best_fit_fill_vs_grain": d["fill"]["best_fit"] / grain_fill}
     print("\ntargets" + (" (quick: small inputs, not the targets' sizes)" if quick else ""))
     for key, (what, op, bound) in TARGETS.items():
         v = values[key]
-        ok = "n/a (no tinygrad)" if np.isnan(v) else ("met" if (v >= bound if op == ">=" else v <= bound) else "MISSED")
+        peer = "grain" if key.endswith("grain") else "tinygrad"
+        ok = f"n/a (no {peer})" if np.isnan(v) else ("met" if (v >= bound if op == ">=" else v <= bound) else "MISSED")
         print(f"  {what} {op} {bound}: {v:.2f}  {ok}")
-    return {"cores": cores, "load": load, "index": a, "blend": b, "throughput": c, "targets": values}
+    values = {k: (None if np.isnan(v) else float(v)) for k, v in values.items()}  # JSON has no NaN
+    return {"cores": cores, "load": load, "index": a, "blend": b, "throughput": c, "packing": d, "targets": values}
+
+
+def _print_packing(d: dict) -> None:
+    print(f"\n(d) packing {d['sequences']} sequences ({d['tokens']} tokens, heavy-tailed lengths <= {d['length']}) "
+          f"into rows of {d['length']}, every row read; Grain: FirstFitPackIterDataset, num_packing_bins "
+          + " and ".join(map(str, d["grain_bins"])) + ", shuffle_bins=False"
+          + ("" if d["grain_installed"] else " (not installed)"))
+    print(f"{'':30s}{'rows':>8s}{'fill':>8s}{'rows/s':>10s}")
+    for key, fill in d["fill"].items():
+        print(f"{key:30s}{d['rows'][key]:8d}{fill:8.4f}{d['rows_per_s'][key]:10.0f}")
+    print(f"packed best_fit rows of a Megatron corpus in batches of {d['batch']}: DataLoader, 2 workers, to tinygrad "
+          f"Tensors {d['lazyseq_tokens_s'] / 1e6:.1f} M tokens/s (first batch after {d['lazyseq_first_batch_s']:.2f} s), "
+          f"to numpy {d['lazyseq_numpy_tokens_s'] / 1e6:.1f} M tokens/s; "
+          f"plain loop (one process, numpy) {d['plain_loop_tokens_s'] / 1e6:.1f} M tokens/s "
+          f"({d['lazyseq_tokens_s'] / d['plain_loop_tokens_s']:.1f}x)")
 
 
 def _print(a: dict, b: dict, c: dict) -> None:

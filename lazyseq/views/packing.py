@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 
 from ..base import View
-from ..evaluation import empty
 from ..node import bulk_reader, check_source, is_finite
 from .packplan import Lazy, PackPlan, plan_pack, source_lengths
 
@@ -81,8 +80,10 @@ class Pack(View):
     def _row(self, p: PackPlan, a: int, b: int, got: dict) -> dict:
         first = np.asarray(got[int(p.seq[a])])
         n = self.length
-        tokens = empty((n,), first.dtype)
-        segment_ids, positions = empty((n,), np.int32), empty((n,), np.int32)
+        # plain memory, not lazyseq.empty: a row is most often stacked into a batch (default_collate
+        # puts the batch in the worker's slot); rows in the slot too would need it twice as large
+        tokens = np.empty((n,), first.dtype)
+        segment_ids, positions = np.empty((n,), np.int32), np.empty((n,), np.int32)
         at = 0
         for k, (s, start, size) in enumerate(zip(p.seq[a:b].tolist(), p.start[a:b].tolist(), p.size[a:b].tolist())):
             x = got[s]
