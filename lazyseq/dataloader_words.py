@@ -22,7 +22,7 @@ class LoaderWords(Words):
         self.to_tensor, self.num_workers, self.prefetch_factor, self.sized = to_tensor, num_workers, prefetch_factor, sized
 
     def _slots(self, slot_size: int, shm_size: int, nslots: int) -> str:
-        how = ", sized from the first sample," if self.sized else ""
+        how = ", sized by the loader (how: stats()['shm'])," if self.sized else ""
         return (f"shm_size={shm_size}{how} is {nslots} slots of {slot_size} bytes: one per batch in flight, "
                 f"num_workers={self.num_workers} x prefetch_factor={self.prefetch_factor} + 1")
 

@@ -398,3 +398,18 @@ def test_loader_of_buckets_to_tensor():
     batches = list(ls.DataLoader(b, batch_size=None, seed=0, device="CPU"))
     assert all(isinstance(x["max_seqlen"], int) for x in batches)
     assert sum(x["tokens"].shape[0] for x in batches) == sum(len(d) for d in docs)
+
+
+def test_a_store_of_token_arrays_plans_from_its_shape_tables(tmp_path, monkeypatch):
+    from lazyseq.store import read
+
+    docs = [np.arange(n, dtype=np.int32) for n in np.random.default_rng(3).integers(1, 40, 300)]
+    ls.save(docs, tmp_path / "s", method="thread", shard_bytes=2000)
+    store = ls.load(tmp_path / "s")
+    assert len(store.records) > 3 and store.sizes.tolist() == [len(d) for d in docs]
+    reads = []
+    real = read.Store._get
+    monkeypatch.setattr(read.Store, "_get", lambda self, i: (reads.append(i), real(self, i))[1])
+    rows = ls.pack(store, 64)
+    assert len(rows) > 0 and not reads, "planning reads lengths from the shape tables, no item"
+    assert sum(int((r["segment_ids"] > 0).sum()) for r in rows) == sum(len(d) for d in docs)

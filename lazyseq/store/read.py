@@ -215,6 +215,31 @@ class Store(View):
         """``default_collate`` of items ``idx``, gathered by columns: see :mod:`lazyseq.store.gather`."""
         return gather(self, idx, columns=True)
 
+    @property
+    def sizes(self) -> np.ndarray | None:
+        """The length of every item where an item is one 1-D array (token sequences), read from the
+        shards' shape tables without reading an item (what ``lazyseq.pack`` and ``bucket`` plan
+        from); None for other items.
+
+        >>> import lazyseq, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), 'docs')
+        >>> lazyseq.save([np.arange(n) for n in (3, 1, 4, 1, 5)], path, method='thread')
+        >>> lazyseq.load(path).sizes.tolist()
+        [3, 1, 4, 1, 5]
+        """
+        f = self.fields[0] if len(self.fields) == 1 else None
+        if f is None or self.manifest["structure"] != {"leaf": 0} or f["kind"] != "array" or f["ndim"] != 1:
+            return None
+        parts = []
+        for k, rec in enumerate(self.records):
+            m, lay = rec["stop"] - rec["start"], rec["fields"][0]
+            if "shape" in lay:
+                parts.append(np.full(m, lay["shape"][0], dtype=np.int64))
+            else:  # checked when the shard opened: non-negative, inside the file
+                mm = self._shard(k).mm
+                parts.append(np.ndarray((m,), "<i8", buffer=mm, offset=lay["shapes"][0]).astype(np.int64))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
     def fingerprint_identity(self) -> dict:
         """For lazyseq.fingerprint: the store's name, length and a digest of its manifest (the same
         wherever the store was copied to), no shard read."""
