@@ -7,18 +7,17 @@ not a replay, and persistent workers read the batches of every epoch from one in
 
 from __future__ import annotations
 
-import bisect
 import math
-import os
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from . import dataloader_state
-from .base import Routed, View
+from .base import View
 from .batching import buffer_bytes, default_collate
 from .dataloader_checks import method_checks, order_checks, seed_from, torch_checks
+from .dataloader_plan import Epochs, Plan, ToTensor
 from .dataloader_words import LoaderWords, Replaced, crashed, epoch_counters
 from .errors import WorkerCrashed
 from .evaluation import Prefetch, prefetch
@@ -26,69 +25,10 @@ from .helpers import ALIGN, PAGE
 from .node import check_source, length, read_many
 from .seeding import SeedEachItem, WorkerInit
 from .views.epochs import at_epoch
-from .views.indexing import arange, gather
 from .views.mapping import smap
-from .views.order import shard, shuffle
-from .views.shape import batch
+from .views.order import shard
 
 __all__ = ["DataLoader", "default_collate"]
-
-
-class _Epochs(Routed):
-    """The batches of every epoch from ``(epoch, start)`` on, as one infinite view that persistent
-    workers keep across epochs: the ``first`` batches of ``epoch`` from item ``start`` of its global
-    order, then every batch of each later epoch. Each epoch's view is made when first read; an epoch
-    may have its own number of batches (a ``bucket`` dataset), counted when first needed."""
-
-    finite = False
-    seqs = ()
-    _AHEAD = 64  # epochs a read may look past without finding a batch (empty epochs): then it is past the end
-
-    def __init__(self, make: Callable[..., View], epoch: int, start: int, first: int):
-        self.make, self.epoch, self.start, self.first = make, epoch, start, first
-        self._ends = [first]  # the index just past each epoch's last batch, from `epoch` on
-        self._cache: tuple[int, View] | None = None
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_cache": None}
-
-    def _count_next(self) -> None:
-        e = self.epoch + len(self._ends)
-        self._ends.append(self._ends[-1] + len(self._part(e)))
-
-    def offset(self, epoch: int, start: int) -> int | None:
-        """Where the batches of ``epoch`` from item ``start`` begin; None: not in this view."""
-        if (epoch, start) == (self.epoch, self.start):
-            return 0
-        if start == 0 and epoch > self.epoch:
-            while len(self._ends) < epoch - self.epoch:
-                self._count_next()
-            return self._ends[epoch - self.epoch - 1]
-        return None
-
-    def _where(self, i: int) -> tuple[int, int]:
-        if i < self.first:
-            return self.epoch, i
-        ends, added = self._ends, 0
-        while ends[-1] <= i:
-            if added == self._AHEAD:
-                raise IndexError(f"{self.describe()}: no batch at {i} ({added} epochs without one)")
-            self._count_next()
-            added += 1
-        k = bisect.bisect_right(ends, i)
-        return self.epoch + k, i - ends[k - 1]
-
-    def _part(self, e: int) -> View:
-        c = self._cache
-        if c is None or c[0] != e:
-            c = self._cache = (e, self.make(e, None, self.start if e == self.epoch else 0))
-        return c[1]
-
-    def _reader(self, e: int) -> Callable[[int], Any]:
-        return self._part(e)._get
-
-    def describe(self) -> str:
-        return f"epochs(from {self.epoch}, {self.first} batches in the first)"
 
 
 class DataLoader:
@@ -165,7 +105,7 @@ class DataLoader:
         # it starts at (not 0 after resuming with another world_size), the batches read in the part
         self.epoch, self._start, self._batch = 0, 0, 0
         self._persistent: Prefetch | None = None
-        self._epochs: _Epochs | None = None  # what the persistent workers read
+        self._epochs: Epochs | None = None  # what the persistent workers read
         self._open: weakref.WeakSet[Prefetch] = weakref.WeakSet()  # dropped sequences stop their workers
         self.shm_size_used: int | None = None  # what shm_size=None was sized to, from the first sample
         self._shm_note = "no process workers" if num_workers == 0 or method != "process" else \
@@ -187,10 +127,10 @@ class DataLoader:
             b = self._bound = (epoch, self.seed, self.dataset, at_epoch(self.dataset, epoch, self.seed))
         return b[3]
 
-    def _plan(self) -> _Plan:
+    def _plan(self) -> Plan:
         b = self._bound
         bound = (b[0], b[3]) if b is not None and b[1] == self.seed and b[2] is self.dataset else None
-        return _Plan(self.dataset, self.batch_size, self.shuffle, self.sampler, self.batch_sampler,
+        return Plan(self.dataset, self.batch_size, self.shuffle, self.sampler, self.batch_sampler,
                      self.collate_fn, self.drop_last, self.seed, self.rank, self.world_size, self.seed_each_item, bound)
 
     def _units(self, epoch: int | None = None) -> int:
@@ -276,7 +216,7 @@ class DataLoader:
             return seq
         from .tensor import to_tensor  # tinygrad is imported only by a loader that makes Tensors
 
-        return smap(_ToTensor(to_tensor, self.device), seq)
+        return smap(ToTensor(to_tensor, self.device), seq)
 
     # -- iteration -------------------------------------------------------------------------------
     def _where(self) -> tuple[int, int, int]:
@@ -345,7 +285,7 @@ class DataLoader:
             last["skipped"] = replaced - (before[1] or 0)
         self._last = last
 
-    def _persistent_part(self, plan: _Plan, epoch: int, start: int, nb: int) -> View:
+    def _persistent_part(self, plan: Plan, epoch: int, start: int, nb: int) -> View:
         """The ``nb`` batches of ``epoch`` from item ``start`` on, read by the persistent workers
         (started afresh after a crash, Ctrl-C, or a jump back to an earlier epoch)."""
         p, off = self._persistent, None
@@ -354,7 +294,7 @@ class DataLoader:
         if off is None:
             if p is not None:
                 p.close()
-            self._epochs = _Epochs(plan, epoch, start, nb)
+            self._epochs = Epochs(plan, epoch, start, nb)
             self._persistent, off = self._prefetch(self._epochs, epoch), 0
         return self._persistent[off : off + nb]
 
@@ -446,66 +386,3 @@ class DataLoader:
         from .html import loader_html
 
         return loader_html(self)
-
-
-class _Plan:
-    """The batches of any epoch, before prefetch: what workers need, and nothing of the loader."""
-
-    def __init__(self, dataset: Any, batch_size: int | None, shuffle: bool, sampler: Any, batch_sampler: Any,
-                 collate_fn: Callable | None, drop_last: bool, seed: int, rank: int, world_size: int,
-                 seed_each_item: bool, bound: tuple[int, Any] | None = None):
-        self.dataset, self.batch_size, self.shuffle, self.sampler = dataset, batch_size, shuffle, sampler
-        self.batch_sampler, self.collate_fn, self.drop_last, self.seed = batch_sampler, collate_fn, drop_last, seed
-        self.rank, self.world_size, self.seed_each_item = rank, world_size, seed_each_item
-        self.owner = os.getpid()  # the reader's process: seed_each_item puts its generators back
-        self.bound = bound  # (epoch, the dataset bound to it): workers receive its plans with it
-
-    def data(self, epoch: int) -> Any:
-        """The dataset with the views built with ``epoch=None`` following ``epoch`` (and those that take
-        the loader's seed, its seed): O(views); its length asked at once, so plans are made here."""
-        if self.bound is None or self.bound[0] != epoch:
-            data = at_epoch(self.dataset, epoch, self.seed)
-            len(data)
-            self.bound = (epoch, data)
-        return self.bound[1]
-
-    def __call__(self, epoch: int, order: Any = None, start: int = 0) -> View:
-        """The batches of ``epoch`` (its order: ``order`` for a custom sampler), this rank's share of
-        its global order from item ``start`` on."""
-        data = self.data(epoch)
-        data = SeedEachItem(data, self.seed, epoch, self.owner) if self.seed_each_item else data
-        if self.batch_sampler is not None:
-            lists = order if order is not None else [list(b) for b in self.batch_sampler]
-            lists = shard(lists[start:], self.rank, self.world_size, self.drop_last)
-            return smap(_BatchReader(data, self.collate_fn or default_collate), lists)
-        if self.sampler is not None:
-            idx = order if order is not None else list(self.sampler)
-        elif self.shuffle:
-            idx = shuffle(arange(len(data)), self.seed, epoch)
-        else:
-            idx = arange(len(data))
-        idx = shard(idx[start:] if start else idx, self.rank, self.world_size, drop_remainder=self.drop_last)
-        items = gather(data, idx)
-        if self.batch_size is None:
-            return smap(self.collate_fn, items) if self.collate_fn is not None else items
-        return batch(items, self.batch_size, drop_last=self.drop_last, collate_fn=self.collate_fn or default_collate)
-
-
-class _BatchReader:
-    """Reads and collates one list of dataset indices (batch_sampler mode)."""
-
-    def __init__(self, dataset: Any, collate: Callable):
-        self.dataset, self.collate = dataset, collate
-
-    def __call__(self, indices: list[int]) -> Any:
-        return self.collate(read_many(self.dataset, indices) if isinstance(self.dataset, View)
-                            else [self.dataset[i] for i in indices])
-
-
-class _ToTensor:
-    def __init__(self, fn: Callable, device: str | None):
-        self.fn, self.device = fn, device
-        self.__qualname__ = "to_tensor" if device is None else f"to_tensor[{device}]"  # for repr trees
-
-    def __call__(self, x: Any) -> Any:
-        return self.fn(x, device=self.device)

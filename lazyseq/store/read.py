@@ -20,7 +20,7 @@ from . import checks
 from . import format as fmt
 from .build import builder
 from .gather import gather
-from .write import file_crc
+from .shardfile import file_crc
 
 __all__ = ["Store", "load"]
 

@@ -13,7 +13,6 @@ import os
 import shutil
 import sys
 import uuid
-import zlib
 from collections.abc import Collection, Iterator
 from typing import Any
 
@@ -24,135 +23,14 @@ from ..base import View
 from ..errors import EvaluationError, WorkerCrashed, wrap_error
 from ..fingerprints import NotResumable, difference
 from ..fingerprints import fingerprint as pipeline_fingerprint
-from ..helpers import align, span, usable_cores
+from ..helpers import span, usable_cores
 from ..node import Failed, length, read_each, reader
 from . import format as fmt
+from .shardfile import finished, write_shard
 
 __all__ = ["save", "ShardWriter"]
 
 _SAMPLES = 4  # items evaluated first to size the shards: item 0 and a few spread over the sequence
-
-
-# -- one shard ---------------------------------------------------------------------------------------
-Piece = bytes | np.ndarray  # a part of a segment: bytes, or a uint8 array
-
-
-def _as_bytes(a: np.ndarray) -> np.ndarray:
-    """The bytes of ``a`` in C order, as a uint8 array (a view when ``a`` is contiguous)."""
-    a = np.ascontiguousarray(a)
-    return a.reshape(-1).view(np.uint8) if a.size and a.dtype.itemsize else np.empty(0, np.uint8)
-
-
-def _array_field(vals: list, spec: dict) -> tuple[dict, list[list[Piece]]]:
-    """Layout and segments of an array field: fixed-stride if every shape is the same, else flat
-    data (each item at its dtype's alignment) with an offset (n + 1) and a shape (n, ndim) table.
-    The items' own bytes are written (every dtype equals item 0's): no copy of the shard is made."""
-    first = vals[0].shape
-    if all(v.shape == first for v in vals):
-        return {"shape": list(first)}, [[_as_bytes(v) for v in vals]]
-    step = max(1, min(fmt.dtype_from_json(spec["dtype"]).alignment, 64))
-    pos, offs, data = 0, [], []
-    for v in vals:
-        pad = -pos % step
-        if pad:
-            data.append(b"\0" * pad)
-        pos += pad
-        offs.append(pos)
-        data.append(_as_bytes(v))
-        pos += v.nbytes
-    offs.append(pos)
-    shapes = np.array([v.shape for v in vals], dtype="<i8").reshape(len(vals), spec["ndim"])
-    return {}, [data, [_as_bytes(np.array(offs, dtype="<i8"))], [_as_bytes(shapes)]]
-
-
-def _encode_bytes(v: Any, kind: str) -> bytes:
-    if kind == "pickle":
-        return fmt.pickle_dumps(v)
-    return v.encode("utf-8", "surrogatepass") if kind in ("str", "np.str_") else v
-
-
-def _field(vals: list, spec: dict, lo: int) -> tuple[dict, list[list[Piece]]]:
-    """The layout (parts named in order: data, offsets, shapes) and segments of one field of a shard."""
-    kind = spec["kind"]
-    if kind == "array":
-        return _array_field(vals, spec)
-    if kind == "none":
-        return {}, []
-    if kind in fmt.BYTES_LIKE:
-        parts = []
-        for j, v in enumerate(vals):
-            try:
-                parts.append(_encode_bytes(v, kind))
-            except Exception as e:
-                raise fmt.SchemaError(f"item {lo + j}, field {spec['path']}: cannot pickle it: {e}") from e
-        offs = np.zeros(len(parts) + 1, dtype="<i8")
-        np.cumsum([len(p) for p in parts], out=offs[1:])
-        return {}, [parts, [_as_bytes(offs)]]
-    dt = fmt.PYTHON.get(kind) or fmt.dtype_from_json(spec["dtype"])
-    try:
-        col = np.array(vals, dtype=dt)
-    except OverflowError:
-        j = next(j for j, v in enumerate(vals) if not -(2**63) <= v < 2**63)
-        raise fmt.SchemaError(f"item {lo + j}, field {spec['path']}: the int {vals[j]} does not fit in 64 bits; "
-                              "store it as a str, or pass allow_pickle=True and an object of another type") from None
-    return {}, [[_as_bytes(col.reshape(len(vals)))]]
-
-
-@contextlib.contextmanager
-def _removed_on_error(path: str) -> Iterator[None]:
-    try:
-        yield
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(path)
-        raise
-
-
-def _write_shard(path: str, fields: list[dict], cols: list[list], lo: int) -> tuple[int, int, list[dict]]:
-    """Write the shard file, field by field (each column is let go once written), every segment
-    at a 64-byte offset. Returns the file's size, its crc32 and the fields' layouts."""
-    layouts, pos, crc = [], 0, 0
-    tmp = f"{path}.{os.getpid()}.{id(cols)}.tmp"
-    with open(tmp, "wb") as f, _removed_on_error(tmp):
-        for k, spec in enumerate(fields):
-            layout, segs = _field(cols[k], spec, lo)
-            cols[k] = None
-            for name, seg in zip(("data", "offsets", "shapes"), segs):
-                pad = b"\0" * (align(pos) - pos)
-                f.write(pad)
-                crc, pos = zlib.crc32(pad, crc), pos + len(pad)
-                start = pos
-                for piece in seg:
-                    f.write(piece)
-                    crc, pos = zlib.crc32(piece, crc), pos + len(piece)
-                layout[name] = [start, pos - start]
-            layouts.append(layout)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return pos, crc, layouts
-
-
-def file_crc(path: str) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            crc = zlib.crc32(chunk, crc)
-    return crc
-
-
-def finished(root: str, k: int, r: range) -> dict | None:
-    """Shard ``k``'s record if the shard was written whole by an earlier run (size and checksum)."""
-    try:
-        rec = fmt.read_json(os.path.join(root, fmt.PROGRESS, fmt.record_name(k)), "record")
-        if (rec["shard"], rec["start"], rec["stop"]) != (k, r.start, r.stop):
-            return None
-        data = os.path.join(root, rec["file"])
-        if os.path.getsize(data) != rec["bytes"] or file_crc(data) != rec["crc32"]:
-            return None
-    except (OSError, KeyError, TypeError):
-        return None
-    return rec
 
 
 class ShardWriter(View):
@@ -201,7 +79,7 @@ class ShardWriter(View):
         # Prefetch may run a shard twice (a job that looks stuck goes to a second worker): each
         # attempt writes its own file, so a record always matches the data it names.
         name = fmt.shard_name(k, uuid.uuid4().hex[:8])
-        size, crc, layouts = _write_shard(os.path.join(self.root, name), fields, cols, r.start)
+        size, crc, layouts = write_shard(os.path.join(self.root, name), fields, cols, r.start)
         rec = {"shard": k, "start": r.start, "stop": r.stop, "file": name, "bytes": size, "crc32": crc,
                "fields": layouts}
         fmt.write_json_atomic(os.path.join(self.root, fmt.PROGRESS, fmt.record_name(k)), rec)
