@@ -8,6 +8,7 @@ not a replay, and persistent workers read the batches of every epoch from one in
 from __future__ import annotations
 
 import math
+import operator
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -162,7 +163,13 @@ class DataLoader:
         return prefetch(seq, self.num_workers, self.method, self._slots(),
                         WorkerInit(self.seed, self.rank, epoch, self.worker_init_fn, self.seed_each_item, self.method), shm,
                         mp_context=ctx, timeout=self.timeout or None, lazy_start=True, words=words,
-                        report=Replaced() if self.method == "process" else None)
+                        report=self._report(seq) if self.method == "process" else None)
+
+    @staticmethod
+    def _report(seq: View) -> Callable[[Any], int | dict]:
+        """What process workers count of ``on_error`` replacements: a total for one epoch's batches,
+        and for persistent workers, by epoch (``Epochs.skipped``)."""
+        return operator.attrgetter("skipped") if isinstance(seq, Epochs) else Replaced()
 
     def _slots(self) -> int:
         """Batches in flight (the prefetch's max_buffered): the shared-memory slots of process workers."""
@@ -266,22 +273,29 @@ class DataLoader:
                 self._open.discard(own)
                 own.close()
 
-    def _counters(self, live: Prefetch | None, root: Any) -> tuple[dict | None, int | None]:
+    def _counters(self, live: Prefetch | None, root: Any) -> tuple[dict | None, int | dict | None]:
         """The prefetch's counters now, and the items on_error views replaced so far (None: not
-        counted, as with Ray actors): summed over process workers, else counted in this process."""
+        counted, as with Ray actors): summed over process workers, else counted in this process;
+        by epoch (a dict) for persistent workers, which compute ahead into the next epochs."""
         stats = live.stats() if live is not None else None
+        if live is not None and self.method == "ray":
+            return stats, None
+        if isinstance(root, Epochs):
+            return stats, stats.get("reported_by", {}) if self.method == "process" else root.skipped
         if live is not None and self.method == "process":
             return stats, stats["reported"]
-        return stats, None if live is not None and self.method == "ray" else self._replaced(root)
+        return stats, self._replaced(root)
 
     def _epoch_ended(self, epoch: int, read: int, finished: bool, live: Prefetch | None, root: Any,
-                     before: tuple[dict | None, int | None]) -> None:
+                     before: tuple[dict | None, int | dict | None]) -> None:
         """Keep what stats() says of this epoch: its counters (the change over it, for persistent workers)."""
         stats, replaced = self._counters(live, root)
         last: dict = {"epoch": epoch, "batches": read, "finished": finished}
         if stats is not None:
             last["prefetch"] = epoch_counters(stats, before[0])
-        if replaced is not None:
+        if isinstance(replaced, dict):  # persistent workers: what the batches of this epoch replaced
+            last["skipped"] = replaced.get(epoch, 0)
+        elif replaced is not None:
             last["skipped"] = replaced - (before[1] or 0)
         self._last = last
 
@@ -348,7 +362,8 @@ class DataLoader:
         the last epoch read (to its end or not) did, kept after its workers stop: its ``epoch``,
         the ``batches`` read, whether it ``finished``, its ``prefetch`` counters (for persistent
         workers, their change over the epoch) and ``skipped``: the items that ``on_error`` views
-        in the dataset replaced, summed over the workers (not counted with ``method='ray'``)."""
+        in the dataset replaced, summed over the workers (not counted with ``method='ray'``); for
+        persistent workers, in the batches of that epoch they computed, whenever they did."""
         shm = self.shm_size if self.shm_size is not None else self.shm_size_used
         out: dict = {"epoch": self.epoch, "batch": self._batch, "shm": self._shm_note, "shm_size": shm}
         if self.num_workers and self.method == "process":

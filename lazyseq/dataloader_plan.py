@@ -5,8 +5,10 @@ infinite view that persistent workers keep across epochs."""
 from __future__ import annotations
 
 import bisect
+import functools
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .base import Routed, View
@@ -14,6 +16,7 @@ from .batching import default_collate
 from .node import read_many
 from .seeding import SeedEachItem
 from .views.epochs import at_epoch
+from .views.faults import tally
 from .views.indexing import arange, gather
 from .views.mapping import smap
 from .views.order import shard, shuffle
@@ -89,7 +92,15 @@ class Epochs(Routed):
     """The batches of every epoch from ``(epoch, start)`` on, as one infinite view that persistent
     workers keep across epochs: the ``first`` batches of ``epoch`` from item ``start`` of its global
     order, then every batch of each later epoch. Each epoch's view is made when first read; an epoch
-    may have its own number of batches (a ``bucket`` dataset), counted when first needed."""
+    may have its own number of batches (a ``bucket`` dataset), counted when first needed.
+
+    ``skipped``: the items ``on_error`` views replaced while this copy read each epoch's batches,
+    by epoch. The workers run ahead into the next epochs, and the views may be shared by every
+    epoch, so the skips are told apart here, where each read knows its epoch: every read of an
+    epoch's part is tallied (the failures of this thread's reads only, so thread workers reading
+    several epochs at once keep them apart), nothing per item. The prefetch carries the process
+    workers' dicts back (its ``report``) without knowing what the keys are; the DataLoader reads
+    the epoch it needs."""
 
     finite = False
     seqs = ()
@@ -99,9 +110,14 @@ class Epochs(Routed):
         self.make, self.epoch, self.start, self.first = make, epoch, start, first
         self._ends = [first]  # the index just past each epoch's last batch, from `epoch` on
         self._cache: tuple[int, View] | None = None
+        self.skipped: dict[int, int] = {}
+        self._lock = threading.Lock()
 
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_cache": None}
+    def __getstate__(self) -> dict:  # a copy (a worker's) counts its own skips
+        return {**self.__dict__, "_cache": None, "skipped": {}, "_lock": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
 
     def _count_next(self) -> None:
         e = self.epoch + len(self._ends)
@@ -128,6 +144,30 @@ class Epochs(Routed):
             added += 1
         k = bisect.bisect_right(ends, i)
         return self.epoch + k, i - ends[k - 1]
+
+    def _counted(self, e: int, read: Callable[[Any], Any], arg: Any) -> Any:
+        """``read(arg)``, a read of epoch ``e``'s part: the items on_error views replace meanwhile
+        count as ``e``'s."""
+        n = [0]
+        try:
+            with tally(n):
+                return read(arg)
+        finally:
+            if n[0]:
+                with self._lock:
+                    self.skipped[e] = self.skipped.get(e, 0) + n[0]
+
+    def _get(self, i: int) -> Any:
+        e, j = self._where(i)
+        return self._counted(e, self._reader(e), j)
+
+    def _grouped(self, idx: Sequence[int], read: Callable[[Any, Sequence[int]], list]) -> list:
+        where = [self._where(i) for i in idx]  # as Routed's, each part's read counted
+        parts: dict[int, list[int]] = {}
+        for e, j in where:
+            parts.setdefault(e, []).append(j)
+        got = {e: iter(self._counted(e, functools.partial(read, self._part(e)), js)) for e, js in parts.items()}
+        return [next(got[e]) for e, _ in where]
 
     def _part(self, e: int) -> View:
         c = self._cache

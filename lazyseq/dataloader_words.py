@@ -74,9 +74,8 @@ def crashed(e: WorkerCrashed, where: Any, epoch: int, batch: int) -> WorkerCrash
 
 # -- counters per epoch ------------------------------------------------------------------------------
 def _on_error_views(root: Any) -> list:
-    """The ``on_error`` views of a pipeline: through ``children()``, the part a view that makes its
-    parts on demand holds now (a ``_cache`` tuple: the epochs persistent workers read), and the
-    dataset of a mapped function that reads one (the loader's ``batch_sampler`` reader)."""
+    """The ``on_error`` views of a pipeline: through ``children()``, and the dataset of a mapped
+    function that reads one (the loader's ``batch_sampler`` reader)."""
     from .views.faults import OnError
 
     found, seen, todo = [], set(), [root]
@@ -88,9 +87,6 @@ def _on_error_views(root: Any) -> list:
         if isinstance(node, OnError):
             found.append(node)
         todo += node.children()
-        cache = getattr(node, "_cache", None)
-        if type(cache) is tuple:
-            todo += [x for x in cache if isinstance(x, Node)]
         dataset = getattr(getattr(node, "f", None), "dataset", None)
         if dataset is not None:
             todo.append(dataset)
@@ -98,16 +94,15 @@ def _on_error_views(root: Any) -> list:
 
 
 class Replaced:
-    """The items the ``on_error`` views of a pipeline replaced in this process so far: in each
-    process worker after each job (the prefetch's ``report``, summed over the workers), or in the
-    reader for thread workers and ``num_workers=0``. Found once per pipeline (once per epoch for
-    persistent workers), then a sum of counters per job; what the views of an earlier epoch's
-    pipeline replaced stays counted."""
+    """The items the ``on_error`` views of one epoch's pipeline replaced in this process so far: in
+    each process worker after each job (the prefetch's ``report``, summed over the workers), or in
+    the reader for thread workers and ``num_workers=0``. Found once per pipeline, then a sum of
+    counters per job. (Persistent workers read every epoch, and the views may be the same in
+    each: ``Epochs`` counts theirs by epoch.)"""
 
     def __init__(self) -> None:
-        self._key: tuple = (None, None)
+        self._key: Any = None
         self._views: list = []
-        self._base = 0
 
     def __getstate__(self) -> dict:  # each worker counts its own
         return {}
@@ -116,13 +111,9 @@ class Replaced:
         self.__init__()
 
     def __call__(self, seq: Any) -> int:
-        key = (seq, getattr(seq, "_cache", None))
-        if key[0] is not self._key[0] or key[1] is not self._key[1]:
-            views = _on_error_views(seq)
-            now = {id(v) for v in views}
-            self._base += sum(v.errors.count for v in self._views if id(v) not in now)
-            self._key, self._views = key, views
-        return self._base + sum(v.errors.count for v in self._views)
+        if seq is not self._key:
+            self._key, self._views = seq, _on_error_views(seq)
+        return sum(v.errors.count for v in self._views)
 
 
 _GAUGES = frozenset(("chunk", "slot_size", "slots_free", "nworkers", "max_buffered"))  # states, not counts
@@ -130,8 +121,10 @@ _GAUGES = frozenset(("chunk", "slot_size", "slots_free", "nworkers", "max_buffer
 
 def epoch_counters(after: dict, before: dict | None) -> dict:
     """The prefetch's counters over one epoch: ``after`` less ``before`` (what persistent workers
-    had counted before it; None: workers of this epoch alone); states as they are at the end."""
+    had counted before it; None: workers of this epoch alone); states as they are at the end.
+    (Not ``reported_by``, the persistent workers' skips by epoch: ``skipped`` has this epoch's.)"""
+    after = {k: v for k, v in after.items() if k != "reported_by"}
     if not before:
-        return dict(after)
+        return after
     return {k: v - before[k] if k not in _GAUGES and k in before and type(v) in (int, float) else v
             for k, v in after.items()}

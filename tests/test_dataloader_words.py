@@ -248,9 +248,31 @@ def test_items_on_error_replaced_are_counted_per_epoch(workers, method, persiste
             last = loader.stats()["last_epoch"]
             assert last["epoch"] == epoch
             skipped.append(last["skipped"])
-        if not persistent:
-            assert skipped == [2, 2, 2]
-        else:  # counted as computed: persistent workers compute ahead into the next epochs
-            assert sum(skipped) >= 6 and min(skipped) >= 0, skipped
-            if method == "process":
-                assert sum(skipped) == loader.stats()["prefetch"]["reported"]
+        # persistent workers compute ahead into the next epochs: their skips count for the epoch read
+        assert skipped == [2, 2, 2]
+
+
+def _fails_at_3_mod_7(i):
+    if i % 7 == 3:
+        raise ValueError(f"sample {i} is corrupt")
+    return np.full(2, i, np.int64)
+
+
+@pytest.mark.parametrize("method,substitute", [("process", lazyseq.Skip), ("thread", lazyseq.Skip),
+                                               ("process", np.full(2, -1, np.int64))])
+def test_persistent_workers_count_each_epochs_own_skips(method, substitute):
+    # drop_last with a shuffle leaves out other items each epoch: other failing items, another count.
+    # The workers run ahead into the next epoch; each skip counts for the epoch of the batch that read it.
+    kw = dict(batch_size=6, shuffle=True, drop_last=True, seed=2, to_tensor=False)
+    twin = lazyseq.DataLoader(lazyseq.arange(40), **kw)  # the same order, nothing failing: what each epoch reads
+    expected = [sum(int(i) % 7 == 3 for b in twin for i in b) for _ in range(5)]
+    assert len(set(expected)) > 1, expected
+    data = lazyseq.on_error(lazyseq.smap(_fails_at_3_mod_7, range(40)), substitute)
+    skipped = []
+    with lazyseq.DataLoader(data, num_workers=2, method=method, persistent_workers=True, **kw) as loader:
+        for epoch in range(5):
+            assert sum(1 for _ in loader) == 6
+            last = loader.stats()["last_epoch"]
+            assert (last["epoch"], last["finished"]) == (epoch, True)
+            skipped.append(last["skipped"])
+    assert skipped == expected

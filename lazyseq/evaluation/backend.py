@@ -55,7 +55,7 @@ class Settings:
     ray_options: Any = None  # Ray actor options, e.g. {"num_cpus": 2} (Ray backend)
     address: str | None = None  # the Ray cluster to connect to when not connected yet (Ray backend)
     words: Words = _PREFETCH_WORDS  # how warnings put things (the DataLoader's own terms under a DataLoader)
-    report: Callable[[Any], int] | None = None  # run in each process worker after each job (process backend)
+    report: Callable[[Any], int | dict] | None = None  # run in each process worker after each job (process backend)
 
 
 class Result(NamedTuple):

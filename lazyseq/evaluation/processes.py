@@ -165,6 +165,7 @@ class ProcessBackend:
         self.ready: list[bool] = []  # per worker: said it started
         self.heard: list[float] = []  # per worker: when its last message came (its last progress)
         self.reported: list[int] = []  # per worker: the last value of settings.report it sent
+        self.keyed: dict[int, dict] = {}  # per worker: the counts by key of a settings.report that gives a dict
         self.slot_worker: dict[int, int] = {}  # the worker that wrote each slot last (has it mapped)
         self.outstanding: dict[int, _Job] = {}  # unanswered jobs
         self.abandoned: set[int] = set()  # unanswered jobs the reader gave up (a worker may be inside one)
@@ -319,6 +320,8 @@ class ProcessBackend:
         if kind == wire.REPORT:  # the worker's settings.report changed: its latest value counts
             self.reported[k] = needed
             self.stats["reported"] = sum(self.reported)
+            if payload:  # a report by key: the entries that changed; the stats get the sums by key
+                self.stats["reported_by"] = wire.merge_report(self.keyed, k, payload)
             return
         if kind == wire.PARTIAL:  # a slow item holds the job up: the items done so far
             job = self.outstanding[job_id]

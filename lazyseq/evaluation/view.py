@@ -61,7 +61,7 @@ class Prefetch(View):
 
     def __init__(self, seq: Any, nworkers: int, method: str, max_buffered: int, start_hook: Callable | None,
                  shm_size: int, mp_context: Any, timeout: float | None, lazy_start: bool, ray_options: Any = None,
-                 address: str | None = None, words: Words | None = None, report: Callable[[Any], int] | None = None):
+                 address: str | None = None, words: Words | None = None, report: Callable[[Any], int | dict] | None = None):
         # what describe() shows, first: a traceback prints this object even if a check below fails
         self.method, self.max_buffered, self.shm_size, self.nworkers = method, max_buffered, shm_size, nworkers
         self.src = check_source(seq, "prefetch")
@@ -256,7 +256,8 @@ class Prefetch(View):
         """Counters: items computed, jobs sent, current chunk size, reads that had to wait and the
         time spent waiting, jumps; the process backend adds bytes through shared memory and through
         the pipe, fallbacks to the pipe, its pool's ``slot_size`` and ``slots_free``, and
-        ``reported``: the sum over workers of the last value of ``report`` (0 without one)."""
+        ``reported``: the sum over workers of the last value of ``report`` (0 without one), and for
+        a ``report`` that counts by key, ``reported_by``: the sums over the workers by key."""
         with self._lock:
             window = self._window
             out = dict(window.stats) if window is not None else {**Window.COUNTERS, **BACKENDS[self.method].COUNTERS}
@@ -281,7 +282,7 @@ def prefetch(seq: Any, nworkers: int = 0, method: str = "thread", max_buffered: 
              start_hook: Callable | None = None, shm_size: int = 0, *, mp_context: Any = None,
              timeout: float | None = None, lazy_start: bool = False, ray_options: Mapping | None = None,
              address: str | None = None, words: Words | None = None,
-             report: Callable[[Any], int] | None = None) -> Prefetch:
+             report: Callable[[Any], int | dict] | None = None) -> Prefetch:
     """The items of ``seq``, computed ahead of the reader by worker threads, processes or Ray actors.
 
     ``p[i]`` is ``seq[i]`` for every key ``seq`` accepts. Reading in order keeps up to
@@ -316,7 +317,9 @@ def prefetch(seq: Any, nworkers: int = 0, method: str = "thread", max_buffered: 
     - ``report`` (``method='process'``): ``report(seq)`` runs in each worker after each job, on
       the worker's copy of ``seq``, and returns an int (a count the worker keeps, e.g. the items
       its ``on_error`` views replaced); ``stats()['reported']`` is the sum over the workers of
-      their latest values. The ``DataLoader`` counts its ``on_error`` replacements this way.
+      their latest values. The ``DataLoader`` counts its ``on_error`` replacements this way. A
+      dict of counts by key (counts that only grow) is sent as the entries that changed;
+      ``stats()['reported_by']`` then sums them over the workers by key (``reported``: all of them).
 
     ``p.unordered(start, stop)`` yields ``(index, item)`` pairs in the order items complete.
 

@@ -23,7 +23,8 @@ HEAD = struct.Struct("<qiiqdq")
 BUF = struct.Struct("<qq")  # offset in the slot, length
 
 # RESULT: a job's (last) items; PARTIAL: the items a job has finished while a slow one holds it up;
-# REPORT: the worker's ``report`` value changed (sent before the job's RESULT; ``needed`` carries it).
+# REPORT: the worker's ``report`` value changed (sent before the job's RESULT; ``needed`` carries it,
+# and a value by key, a dict, its changed entries as the payload: see encode_report).
 RESULT, READY, START_FAILED, CANCELLED, PARTIAL, REPORT = 0, 1, 2, 3, 4, 5
 
 
@@ -221,6 +222,28 @@ def encode(job_id: int, kind: int, payload: bytes, table: list[tuple[int, int]] 
            seconds: float = 0.0, first: int = 0) -> bytes:
     head = HEAD.pack(job_id, kind, len(table), needed, seconds, first)
     return b"".join([head, *(BUF.pack(o, n) for o, n in table), payload])
+
+
+def encode_report(job_id: int, value: int | dict, last: int | dict) -> bytes:
+    """A REPORT of ``report``'s new ``value`` (``last``: the one sent before): an int in ``needed``;
+    counts by key (a dict of ints that only grow) as the entries that changed, pickled, and the
+    sum of the counts in ``needed``."""
+    if type(value) is not dict:
+        return encode(job_id, REPORT, b"", needed=value)
+    old = last if type(last) is dict else {}
+    changed = {k: n for k, n in value.items() if old.get(k) != n}
+    return encode(job_id, REPORT, pickle.dumps(changed), needed=sum(value.values()))
+
+
+def merge_report(keyed: dict[int, dict], worker: int, payload: Any) -> dict:
+    """A REPORT's entries by key (``payload``) from ``worker`` into ``keyed``, each worker's
+    latest counts; the sums over the workers, by key."""
+    keyed.setdefault(worker, {}).update(pickle.loads(payload))
+    total: dict = {}
+    for counts in keyed.values():
+        for key, n in counts.items():
+            total[key] = total.get(key, 0) + n
+    return total
 
 
 class Message(NamedTuple):

@@ -63,7 +63,7 @@ def worker_main(index: int, conn: connection.Connection, seq: Any, start_hook: A
                 nslots: int, close_fds: list[int], pickled: bool, report: Any = None) -> None:
     """Start (say READY, or START_FAILED with the reason), then answer job records until the
     reader closes the pipe. ``report(seq)``, if given, runs after each job: when its value (an
-    int) changes, a REPORT message carries it ahead of the job's result."""
+    int, or a dict of counts by key) changes, a REPORT message carries it ahead of the job's result."""
     _settle(close_fds)
     try:
         if pickled:
@@ -144,7 +144,7 @@ class _Outbox:
 
 def _serve(conn: connection.Connection, outbox: _Outbox, seq: Any, memory: Any, slot_size: int, report: Any) -> None:
     cancelled, base = memory[: SlotPool.HEADER].view("int64"), memory.ctypes.data
-    reported = 0
+    reported: int | dict = 0
     while True:
         try:
             rec = conn.recv_bytes()
@@ -171,15 +171,17 @@ def _serve(conn: connection.Connection, outbox: _Outbox, seq: Any, memory: Any, 
             msg = wire.encode(job_id, wire.RESULT, payload, table, needed, time.perf_counter() - t, first)
             if report is not None:
                 value = _report(report, seq, reported)
-                if value != reported and outbox.send(wire.encode(job_id, wire.REPORT, b"", needed=value)):
+                if value != reported and outbox.send(wire.encode_report(job_id, value, reported)):
                     reported = value
         if not outbox.send(msg):
             return
 
 
-def _report(report: Any, seq: Any, last: int) -> int:
-    """``report(seq)`` as an int; what it said last if it fails (a count is no reason to fail a job)."""
+def _report(report: Any, seq: Any, last: int | dict) -> int | dict:
+    """``report(seq)`` as an int, or a copy of its dict of counts by key; what it said last if it
+    fails (a count is no reason to fail a job)."""
     try:
-        return int(report(seq))
+        value = report(seq)
+        return dict(value) if isinstance(value, dict) else int(value)
     except Exception:
         return last

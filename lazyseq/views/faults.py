@@ -3,6 +3,8 @@ each one, and stop when there are too many."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import logging
 import math
@@ -11,7 +13,7 @@ import operator
 import os
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..base import View
@@ -19,7 +21,7 @@ from ..errors import EvaluationError, passthrough, wrap_error
 from ..helpers import fname
 from ..node import Exhausted, Failed, check_source, describe_source, into, is_finite, length, read_each, reader
 
-__all__ = ["on_error", "Skip", "Errors"]
+__all__ = ["on_error", "Skip", "Errors", "tally"]
 
 logger = logging.getLogger("lazyseq")
 
@@ -27,6 +29,25 @@ logger = logging.getLogger("lazyseq")
 _forks = [0]
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
+
+
+# The count a reader in this thread (or task) asked for with tally(): None outside one.
+_tally: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("lazyseq_on_error_tally", default=None)
+
+
+@contextlib.contextmanager
+def tally(into: list[int]) -> Iterator[list[int]]:
+    """Add to ``into[0]`` the items that ``on_error`` views replace in this thread (or asyncio
+    task) while the block runs: for a reader that splits a count by what it reads (the
+    DataLoader's epochs, read by persistent workers). An enclosing tally counts them too."""
+    outer, start = _tally.get(), into[0]
+    token = _tally.set(into)
+    try:
+        yield into
+    finally:
+        _tally.reset(token)
+        if outer is not None:
+            outer[0] += into[0] - start
 
 
 class Skip:
@@ -181,6 +202,9 @@ class OnError(View):
             log.count += 1
             log._recent.append((i, text))
             count, limit = log.count, self._limit(log.reads)
+        counted = _tally.get()
+        if counted is not None:
+            counted[0] += 1
         if count > limit:
             raise self._stop(i, error, count, limit)
         if self._mode == "value":
