@@ -12,6 +12,7 @@ from .errors import (
     EvaluationError,
     PrefetchClosed,
     PrefetchTimeout,
+    RemoteReadError,
     ResumeMismatch,
     StoreError,
     WorkerCrashed,
@@ -40,7 +41,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DataLoader", "default_collate", "to_tensor",
-    "Store", "StoreError", "load", "save", "fingerprint", "ResumeMismatch",
+    "Store", "StoreError", "RemoteReadError", "load", "save", "fingerprint", "ResumeMismatch",
     "EvaluationError", "Pad", "PrefetchClosed", "PrefetchTimeout", "View", "WorkerCrashed",
     "WorkerStartError", "add_cache", "arange", "batch", "case", "collate", "concatenate", "cycle", "empty",
     "empty_like", "gather", "instrument", "interleave", "prefetch", "repeat", "seterr", "shard", "shuffle",

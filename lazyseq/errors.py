@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EvaluationError", "PrefetchClosed", "PrefetchTimeout", "ResumeMismatch", "StoreError", "WorkerCrashed",
+__all__ = ["EvaluationError", "PrefetchClosed", "PrefetchTimeout", "RemoteReadError", "ResumeMismatch", "StoreError",
+           "WorkerCrashed",
            "WorkerStartError", "seterr", "wrap_error", "raised"]
 
 
@@ -49,6 +50,29 @@ class ResumeMismatch(ValueError):
 class StoreError(OSError):
     """A store's file is missing, truncated, corrupted or hostile, is not a store at all, or needs
     an opt-in (``allow_pickle=True``) to be read. The message names the file and what is wrong."""
+
+
+class RemoteReadError(OSError):
+    """A read from object storage (an ``s3://``, ``https://``... URL) failed after its retries, or
+    cannot succeed (the object is missing, access is denied, the server ignores ranges).
+
+    The message names the URL (without its user info and query string: they may hold
+    credentials), the byte range, the item where one was being read, the tries and the last
+    error; ``url`` (redacted) and ``range`` (``(start, stop)`` or None for a whole object) say the
+    same for code."""
+
+    def __init__(self, message: str, url: str = "", range: tuple[int, int] | None = None):
+        super().__init__(message)
+        self.url, self.range = url, range
+
+    def __reduce__(self):
+        return (type(self), (self.args[0] if self.args else "", self.url, self.range))
+
+    def about(self, what: str) -> RemoteReadError:
+        """The same error, its message saying what was being read (``item 17 of store(...)``)."""
+        new = type(self)(f"{self.args[0]} (reading {what})", self.url, self.range)
+        new.__cause__ = self.__cause__
+        return new
 
 
 class WorkerCrashed(NotWrapped, RuntimeError):

@@ -278,7 +278,7 @@ class Prefetch(View):
         return f"prefetch({self.nworkers} {what}, max_buffered={self.max_buffered}{shm})"
 
 
-def prefetch(seq: Any, nworkers: int = 0, method: str = "thread", max_buffered: int = 10,
+def prefetch(seq: Any, nworkers: int = 0, method: str = "thread", max_buffered: int | None = None,
              start_hook: Callable | None = None, shm_size: int = 0, *, mp_context: Any = None,
              timeout: float | None = None, lazy_start: bool = False, ray_options: Mapping | None = None,
              address: str | None = None, words: Words | None = None,
@@ -297,6 +297,9 @@ def prefetch(seq: Any, nworkers: int = 0, method: str = "thread", max_buffered: 
       (arrays as read-only zero-copy views); ``nworkers <= 0`` counts the cluster's CPUs.
       ``'async'``: up to ``nworkers`` items at once as coroutines on one event loop in a
       background thread, for ``async def`` item functions (I/O-bound sources; see docs/prefetch.md).
+    - ``max_buffered``: jobs (chunks of items) in flight or ready at once; by default 10, or twice
+      ``nworkers`` where that is more, so that every worker has work (32 threads reading from
+      object storage keep 32 requests in flight).
     - ``shm_size``: bytes of shared memory for process workers, split into ``max_buffered`` slots.
       Every numpy array, bytearray and large bytes object of a result is written into the job's
       slot and read back as a zero-copy view; the slot is reused only when no array built on it is
@@ -332,5 +335,7 @@ def prefetch(seq: Any, nworkers: int = 0, method: str = "thread", max_buffered: 
     ...     p[5], p[-1], list(p[:4])
     (25, 9801, [0, 1, 4, 9])
     """
+    if max_buffered is None:  # never fewer jobs in flight than workers (32 threads waiting on a network...)
+        max_buffered = max(10, 2 * nworkers)
     return Prefetch(seq, nworkers, method, max_buffered, start_hook, shm_size, mp_context, timeout, lazy_start,
                     ray_options, address, words, report)

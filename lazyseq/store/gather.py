@@ -108,6 +108,16 @@ def gather(store: Any, idx: np.ndarray, columns: bool) -> Any:
     if not n:
         return []
     groups = _groups(store, idx)
+    with store._holding(groups):  # a remote store: every range of the read fetched at once
+        cols = _columns(store, groups, n, columns)
+    build = store._build
+    if columns:
+        return build(cols)
+    rows = [_rows(c, f) for c, f in zip(cols, store.fields)]
+    return list(map(build, zip(*rows))) if rows else [build(()) for _ in range(n)]
+
+
+def _columns(store: Any, groups: list[Group], n: int, columns: bool) -> list:
     cols = []
     for f, field in enumerate(store.fields):
         col = _fixed(groups, f, n, columns) if groups[0][0].tables[f] is not None else None
@@ -116,8 +126,4 @@ def gather(store: Any, idx: np.ndarray, columns: bool) -> Any:
             if columns:
                 col = _stacked(col, f"field {field['path']}")
         cols.append(col)
-    build = store._build
-    if columns:
-        return build(cols)
-    rows = [_rows(c, f) for c, f in zip(cols, store.fields)]
-    return list(map(build, zip(*rows))) if rows else [build(()) for _ in range(n)]
+    return cols

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import math
 import mmap
 import os
 import pickle
@@ -11,15 +13,18 @@ import stat
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
 from ..base import View
-from ..errors import StoreError
+from ..errors import RemoteReadError, StoreError
+from ..files import DiskCache, Remote, RemoteFile, is_url, local_path, redact
 from . import checks
 from . import format as fmt
 from .build import builder
 from .gather import gather
+from .remote import RemoteTable, byte_requests, remote_manifest, remote_verify, var_array
 from .shardfile import file_crc
 
 __all__ = ["Store", "load"]
@@ -77,54 +82,78 @@ def _fixed(kind: str, arr: np.ndarray) -> _Reader:
 
 
 class _Shard:
-    """The readers of one shard's fields, over one read-only memory map of its file: ``ones`` (item
-    ``j``), ``picks`` (items at an array of indices, variable fields) and ``tables`` (fixed fields'
-    arrays, one row per item; None for variable fields): :mod:`.gather` reads through the last two."""
+    """The readers of one shard's fields over its bytes (a read-only memory map of its file, or a
+    :class:`lazyseq.files.RemoteFile`): ``ones`` (item ``j``), ``picks`` (items at an array of
+    indices, variable fields), ``tables`` (fixed fields' rows; None for variable fields), and for a
+    remote shard ``reqs`` (the byte ranges items ``js`` of a field need): :mod:`.gather` reads
+    through the last three."""
 
-    __slots__ = ("ones", "picks", "tables", "mm")
+    __slots__ = ("ones", "picks", "tables", "reqs", "mm", "remote")
 
-    def __init__(self, root: str, rec: dict, fields: list[dict], dtypes: list[np.dtype | None]):
-        path = checks.shard_file(root, rec["file"])
-        try:  # O_NONBLOCK: a FIFO put in the shard's place since the check cannot make open() wait
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-        except FileNotFoundError:
-            raise StoreError(f"{path} is missing: the store is incomplete") from None
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise StoreError(f"{path} is not a regular file: a store's shards are plain files")
-            if st.st_size != rec["bytes"]:
-                raise StoreError(f"{path} is truncated or was changed: {st.st_size} bytes, the manifest says {rec['bytes']}")
-            self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if st.st_size else b""
+    def __init__(self, mm: Any, where: str, rec: dict, fields: list[dict], dtypes: list[np.dtype | None]):
+        self.mm, self.remote = mm, isinstance(mm, RemoteFile)
         m = rec["stop"] - rec["start"]
-        readers = [self._reader(path, f, lay, dt, m) for f, lay, dt in zip(fields, rec["fields"], dtypes)]
+        self.reqs: list = []
+        readers = [self._reader(where, f, lay, dt, m) for f, lay, dt in zip(fields, rec["fields"], dtypes)]
         self.ones, self.picks, self.tables = [r[0] for r in readers], [r[1] for r in readers], [r[2] for r in readers]
 
-    def _table(self, part: list, dtype: Any, shape: tuple) -> np.ndarray:
-        """The table at ``part``, whose size and bounds the manifest's checks (:mod:`.checks`) vouch for."""
-        return np.ndarray(shape, dtype, buffer=self.mm, offset=part[0])
+    def table(self, part: list, dtype: Any, shape: tuple, whole: bool = True) -> Any:
+        """The table at ``part``, whose size and bounds the manifest's checks (:mod:`.checks`) vouch
+        for; in a remote shard read now if ``whole`` (offsets, shapes), else read row by row."""
+        if not self.remote:
+            return np.ndarray(shape, dtype, buffer=self.mm, offset=part[0])
+        if not whole:
+            return RemoteTable(self.mm, part[0], dtype, shape)
+        nbytes = np.dtype(dtype).itemsize * math.prod(shape)
+        return np.frombuffer(self.mm.read(part[0], part[0] + nbytes), dtype).reshape(shape)
 
     def _reader(self, path: str, field: dict, lay: dict, dt: np.dtype | None, m: int) -> _Reader:
         kind, mm, what = field["kind"], self.mm, f"{path}, field {field['path']}"
         if kind == "none":
+            self.reqs.append(lambda js: [])
             return (lambda j: None), lambda js: [None] * len(js), None
         if kind in fmt.BYTES_LIKE or ("shape" not in lay and kind == "array"):
-            offs = self._table(lay["offsets"], "<i8", (m + 1,))
+            offs = self.table(lay["offsets"], "<i8", (m + 1,))
             base, nbytes = lay["data"]
             # each item's bytes lie in the data part, after the previous item's: never another's bytes
             bad = m and (offs[0] < 0 or offs[m] > nbytes or (np.diff(offs) < 0).any())
             if kind == "array" and not bad:
-                shapes = self._table(lay["shapes"], "<i8", (m, field["ndim"]))
+                shapes = self.table(lay["shapes"], "<i8", (m, field["ndim"]))
                 sizes = np.prod(shapes.astype(np.float64), axis=1) * dt.itemsize  # no int64 overflow
                 bad = m and ((shapes < 0).any() or (offs[:m] + sizes > offs[1:]).any())
                 if not bad:
+                    if self.remote:
+                        r = var_array(dt, mm, base, offs, shapes)
+                        nb = sizes.astype(np.int64)
+                        self.reqs.append(lambda js: byte_requests(mm, base, offs[js], offs[js] + nb[js]))
+                        return r
                     return _var_array(dt, mm, base, offs, shapes)
             if bad:
                 raise StoreError(f"{path} is corrupted: the offsets{' or shapes' * (kind == 'array')} of field "
                                  f"{field['path']} point outside its data or make items overlap")
+            if self.remote:
+                self.reqs.append(lambda js: byte_requests(mm, base, offs[js], offs[js + 1]))
             return _bytes_like(kind, mm, offs, base, what)
         shape = (m, *lay.get("shape", ()))
-        return _fixed(kind, self._table(lay["data"], dt, shape))
+        table = self.table(lay["data"], dt, shape, whole=False)
+        if self.remote:
+            self.reqs.append(table.requests)
+        return _fixed(kind, table)
+
+
+def _open_local(path: str, rec: dict) -> Any:
+    """A read-only memory map of the shard file at ``path`` (checked: a regular file of its size)."""
+    try:  # O_NONBLOCK: a FIFO put in the shard's place since the check cannot make open() wait
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except FileNotFoundError:
+        raise StoreError(f"{path} is missing: the store is incomplete") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StoreError(f"{path} is not a regular file: a store's shards are plain files")
+        if st.st_size != rec["bytes"]:
+            raise StoreError(f"{path} is truncated or was changed: {st.st_size} bytes, the manifest says {rec['bytes']}")
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if st.st_size else b""
 
 
 class Store(View):
@@ -133,32 +162,53 @@ class Store(View):
 
     checks_keys = False
 
-    def __init__(self, path: str | os.PathLike, *, verify: bool = False, allow_pickle: bool = False):
-        path = os.path.abspath(os.fspath(path))
-        manifest = _manifest(path)
-        self._setup(path, manifest, allow_pickle, checks.manifest(manifest, os.path.join(path, fmt.MANIFEST), allow_pickle))
+    def __init__(self, path: str | os.PathLike, *, verify: bool = False, allow_pickle: bool = False,
+                 storage_options: dict | None = None, block_cache: int = 64 * 2**20, cache_dir: str | os.PathLike | None = None,
+                 cache_dir_bytes: int | None = None, timeout: float = 30.0):
+        remote = None
+        if is_url(path):
+            remote = Remote(path, storage_options, block_cache, cache_dir, cache_dir_bytes, timeout)
+            path, manifest = remote.url, remote_manifest(remote)
+        else:
+            path = local_path(path)
+            manifest = _manifest(path)
+        self._setup(path, manifest, allow_pickle, checks.manifest(manifest, self._where(path, fmt.MANIFEST), allow_pickle),
+                    remote=remote)
         self._check_files(verify)
 
     @classmethod
-    def _reopen(cls, path: str, manifest: dict, allow_pickle: bool = False) -> Store:
+    def _reopen(cls, path: str, manifest: dict, allow_pickle: bool = False, remote: Remote | None = None) -> Store:
         self = cls.__new__(cls)
-        file = os.path.join(path, fmt.MANIFEST)
-        self._setup(path, manifest, allow_pickle, checks.manifest(manifest, file, allow_pickle), warn=False)
+        file = self._where(path, fmt.MANIFEST)
+        self._setup(path, manifest, allow_pickle, checks.manifest(manifest, file, allow_pickle), warn=False, remote=remote)
         return self
 
-    def __reduce__(self):  # the path, the manifest and the trust: a worker maps the files itself
-        return (Store._reopen, (self.path, self.manifest, self.allow_pickle))
+    def __reduce__(self):  # the location, the manifest and the trust: a worker maps or fetches the files itself
+        return (Store._reopen, (self.path, self.manifest, self.allow_pickle, self.remote))
 
-    def _setup(self, path: str, manifest: dict, allow_pickle: bool, dtypes: list, warn: bool = True) -> None:
-        self.path, self.manifest, self.allow_pickle = path, manifest, allow_pickle
+    def _setup(self, path: str, manifest: dict, allow_pickle: bool, dtypes: list, warn: bool = True,
+               remote: Remote | None = None) -> None:
+        self.path, self.manifest, self.allow_pickle, self.remote = path, manifest, allow_pickle, remote
         self.n, self.per_shard = manifest["length"], manifest["per_shard"]
         self.fields, self.records, self._dtypes = manifest["fields"], manifest["shards"], dtypes
-        file = os.path.join(path, fmt.MANIFEST)
+        file = self._where(path, fmt.MANIFEST)
         self._build = builder(manifest["structure"], allow_import=allow_pickle, file=file, warn=warn) if self.n else None
         self._open: dict[int, _Shard] = {}
+        self._opening: dict[int, threading.Lock] = {}
         self._lock = threading.Lock()
+        self._disk = DiskCache(remote.cache_dir, remote.cache_dir_bytes, remote) if remote and remote.cache_dir else None
+
+    @staticmethod
+    def _where(path: str, name: str) -> str:
+        """How messages name the file ``name`` of the store at ``path`` (a URL without its secrets)."""
+        return redact(path) + "/" + name if is_url(path) else os.path.join(path, name)
 
     def _check_files(self, verify: bool) -> None:
+        if self.remote is not None:  # sizes: checked as each shard opens (one HEAD request)
+            if verify:
+                for k in range(len(self.records)):
+                    remote_verify(self.remote, self._url(k), self.records[k])
+            return
         for rec in self.records:
             f = checks.shard_file(self.path, rec["file"])
             size = os.path.getsize(f)
@@ -171,21 +221,56 @@ class Store(View):
     def _len(self) -> int:
         return self.n
 
+    def _url(self, k: int) -> str:
+        return self.remote.join(self.records[k]["file"], "a shard")
+
     def _shard(self, k: int) -> _Shard:
         shard = self._open.get(k)
         if shard is None:
             with self._lock:
+                lock = self._opening.setdefault(k, threading.Lock())
+            with lock:  # one thread opens shard k; others open other shards meanwhile (remote: requests)
                 shard = self._open.get(k)
                 if shard is None:
-                    if len(self._open) >= _OPEN_SHARDS:  # the oldest opened goes; arrays read from it stay valid
-                        del self._open[next(iter(self._open))]
-                    shard = self._open[k] = _Shard(self.path, self.records[k], self.fields, self._dtypes)
+                    shard = self._open_shard(k)
+                    with self._lock:
+                        if len(self._open) >= _OPEN_SHARDS:  # the oldest opened goes; arrays read from it stay valid
+                            del self._open[next(iter(self._open))]
+                        self._open[k] = shard
         return shard
+
+    def _open_shard(self, k: int) -> _Shard:
+        rec = self.records[k]
+        if self.remote is None:
+            path = checks.shard_file(self.path, rec["file"])
+            return _Shard(_open_local(path, rec), path, rec, self.fields, self._dtypes)
+        url = self._url(k)
+        f = self.remote.open(url, rec["bytes"])
+        local = self._disk.local(url, f.size, f.etag) if self._disk is not None else None
+        if local is not None:
+            return _Shard(_open_local(local, rec), redact(url), rec, self.fields, self._dtypes)
+        return _Shard(f, redact(url), rec, self.fields, self._dtypes)
+
+    def _holding(self, groups: list) -> Any:
+        """For :mod:`.gather`: every range a bulk read of ``groups`` needs, fetched at once (remote)."""
+        if self.remote is None:
+            return contextlib.nullcontext()
+        reqs = [r for shard, _, js in groups if shard.remote for req in shard.reqs for r in req(js)]
+        return self.remote.holding(reqs)
 
     def _get(self, i: int) -> Any:
         k = i // self.per_shard
         j = i - k * self.per_shard
-        return self._build([one(j) for one in self._shard(k).ones])
+        if self.remote is None:
+            return self._build([one(j) for one in self._shard(k).ones])
+        try:
+            shard = self._shard(k)
+            if not shard.remote or len(shard.reqs) < 2:
+                return self._build([one(j) for one in shard.ones])
+            with self._holding([(shard, None, np.array([j]))]):  # the fields' ranges at once
+                return self._build([one(j) for one in shard.ones])
+        except RemoteReadError as e:
+            raise e.about(f"item {i} of {self.describe()}") from None
 
     def _get_many(self, idx: Sequence[int]) -> list:
         """Items ``idx`` by the store's one bulk read (:func:`.gather.gather`): a gather per field
@@ -236,15 +321,15 @@ class Store(View):
             if "shape" in lay:
                 parts.append(np.full(m, lay["shape"][0], dtype=np.int64))
             else:  # checked when the shard opened: non-negative, inside the file
-                mm = self._shard(k).mm
-                parts.append(np.ndarray((m,), "<i8", buffer=mm, offset=lay["shapes"][0]).astype(np.int64))
+                parts.append(self._shard(k).table(lay["shapes"], "<i8", (m,)).astype(np.int64))
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def fingerprint_identity(self) -> dict:
         """For lazyseq.fingerprint: the store's name, length and a digest of its manifest (the same
         wherever the store was copied to), no shard read."""
         text = json.dumps(self.manifest, sort_keys=True, separators=(",", ":")).encode()
-        return {"name": os.path.basename(self.path), "len": self.n,
+        name = urlsplit(self.path).path.rstrip("/").rsplit("/", 1)[-1] if is_url(self.path) else os.path.basename(self.path)
+        return {"name": name, "len": self.n,
                 "manifest": hashlib.blake2b(text, digest_size=16).hexdigest()}
 
     # -- description ------------------------------------------------------------------------------
@@ -253,11 +338,11 @@ class Store(View):
         return sum(r["bytes"] for r in self.records)
 
     def describe(self) -> str:
-        return f"store({self.path!r})"
+        return f"store({redact(self.path)!r})"
 
     def __repr__(self) -> str:
         head = f"{self.describe()}  len={self.n}  {len(self.records)} shard{'s' * (len(self.records) != 1)}, " \
-               f"{_size(self.nbytes())} on disk"
+               f"{_size(self.nbytes())} {'stored' if self.remote else 'on disk'}"
         lines = [head]
         for k, f in enumerate(self.fields):
             dt = self._dtypes[k]
@@ -299,8 +384,21 @@ def _manifest(path: str) -> dict:
     return m
 
 
-def load(path: str | os.PathLike, *, verify: bool = False, allow_pickle: bool = False) -> Store:
+def load(path: str | os.PathLike, *, verify: bool = False, allow_pickle: bool = False, storage_options: dict | None = None,
+         block_cache: int = 64 * 2**20, cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int | None = None,
+         timeout: float = 30.0) -> Store:
     """The store that :func:`lazyseq.save` wrote at ``path``, as a view with O(1) reads.
+
+    ``path`` is a local directory or any fsspec URL (``s3://bucket/train``, ``https://host/train``,
+    ``gs://...``; fsspec and the protocol's package installed, ``pip install 'lazyseq[remote]'``).
+    Over a URL the manifest is read once, each shard's length is checked (one HEAD) when it is
+    first touched, and an item costs one ranged GET per field (a batch: its ranges at once, neighbours
+    joined). ``storage_options`` go to fsspec (credentials, endpoint; never shown in a repr or an
+    error); ``block_cache`` bytes keep ranges read (0: off); ``cache_dir`` keeps whole shards on
+    local disk after their first read (at most ``cache_dir_bytes``, least recently used out), keyed
+    by URL and ETag; a failed request is retried with backoff for up to ``timeout`` seconds, then
+    raises :class:`lazyseq.RemoteReadError` naming the URL, the byte range and the item. Arrays read
+    over a URL are read-only copies (no memory map). See docs/remote.md.
 
     ``store[i]`` equals the saved ``seq[i]``: values, dtypes, shapes, and the container types (a
     namedtuple class that is not imported comes back as a namedtuple of the same name and fields).
@@ -325,4 +423,5 @@ def load(path: str | os.PathLike, *, verify: bool = False, allow_pickle: bool = 
     >>> store[3], len(store), store[3][0].flags.writeable
     ((array([3, 3]), 9), 10, False)
     """
-    return Store(path, verify=verify, allow_pickle=allow_pickle)
+    return Store(path, verify=verify, allow_pickle=allow_pickle, storage_options=storage_options, block_cache=block_cache,
+                 cache_dir=cache_dir, cache_dir_bytes=cache_dir_bytes, timeout=timeout)

@@ -1,0 +1,11 @@
+"""The one files layer (DESIGN section 2): a dataset's location is a local path or any fsspec URL
+(``s3://``, ``https://``, ``gs://``). Formats ask it for their bytes: locally they memory-map
+files as before; remotely they read byte ranges through :class:`Remote` (block cache, joined and
+concurrent requests, retries within ``timeout``) and, with ``cache_dir=``, whole objects kept on
+local disk (:class:`DiskCache`). See docs/remote.md."""
+
+from .diskcache import DiskCache
+from .remote import Remote, RemoteFile
+from .urls import PLAIN_NAME, is_url, join, local_path, redact
+
+__all__ = ["Remote", "RemoteFile", "DiskCache", "is_url", "local_path", "redact", "join", "PLAIN_NAME"]

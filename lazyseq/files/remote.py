@@ -1,0 +1,372 @@
+"""Reading objects in object storage by byte ranges, through fsspec: :class:`Remote` is a dataset's
+location (its URL, the fsspec file system, the read settings) and :class:`RemoteFile` one object
+of it, read like a buffer (``f[a:b]``).
+
+What a read costs: one ranged GET per range asked for, unless the block cache holds it. A bulk
+read (:meth:`Remote.holding`) sorts its ranges, joins neighbours (gaps under ``GAP`` bytes) into
+one request, sends the requests concurrently, and serves the ranges to the thread that asked until
+it leaves the ``with`` block. A failed or timed-out request is retried with backoff until
+``timeout`` seconds have passed since the read began; a response of the wrong length is a failure
+(a connection lost mid-transfer never yields part of an item).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import os
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ..errors import RemoteReadError
+from .urls import join, redact
+
+__all__ = ["Remote", "RemoteFile", "GAP", "MAX_REQUEST"]
+
+GAP = 256 * 1024  # neighbouring ranges closer than this go out as one request
+MAX_REQUEST = 16 * 2**20  # ... unless the joined request would be larger
+Request = tuple[str, int, int]  # (url, start, stop)
+
+
+def _retryable(e: BaseException) -> bool:
+    """A failure that another try may not have: timeouts, lost connections, 5xx, throttling."""
+    if isinstance(e, FileNotFoundError | PermissionError | IsADirectoryError | NotADirectoryError | RedirectRefused):
+        return False
+    status = getattr(e, "status", None) or getattr(e, "code", None)
+    if isinstance(status, int) and 400 <= status < 500 and status not in (408, 425, 429):
+        return False
+    return isinstance(e, Exception)
+
+
+def _real(e: BaseException) -> BaseException:
+    """The failure behind ``e``: fsspec's HTTP ``info()`` turns any failure of its HEAD and GET (a
+    503, a timeout, a refused redirect) into FileNotFoundError, the real one as its cause."""
+    cause = e.__cause__
+    if isinstance(e, FileNotFoundError) and cause is not None and getattr(cause, "status", None) not in (404, 410):
+        return cause
+    return e
+
+
+class RedirectRefused(ConnectionError):
+    """An HTTP server redirected a read to another host."""
+
+
+class RangeCache:
+    """The block cache: bytes read, keyed by (url, start, stop), least recently used out past
+    ``capacity`` bytes. Item reads ask for the same ranges each time, so exact keys suffice."""
+
+    def __init__(self, capacity: int):
+        self.capacity, self.size = capacity, 0
+        self._d: OrderedDict[Request, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Request) -> bytes | None:
+        with self._lock:
+            b = self._d.get(key)
+            if b is not None:
+                self._d.move_to_end(key)
+            return b
+
+    def put(self, key: Request, b: bytes) -> None:
+        if len(b) > self.capacity // 4:  # one large read would push everything else out
+            return
+        with self._lock:
+            if key in self._d:
+                return
+            self._d[key] = b
+            self.size += len(b)
+            while self.size > self.capacity:
+                self.size -= len(self._d.popitem(last=False)[1])
+
+
+class Remote:
+    """A location in object storage (``s3://bucket/train``, ``https://host/data``, any fsspec URL)
+    with its read settings; pickles as its URL and settings, so each process (a prefetch worker)
+    opens its own connections.
+
+    ``storage_options`` go to fsspec (credentials, endpoint) and are never shown: the repr and
+    every message use the URL without user info or query string."""
+
+    def __init__(self, url: str, storage_options: dict | None = None, block_cache: int = 64 * 2**20,
+                 cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int | None = None, timeout: float = 30.0):
+        if not (isinstance(timeout, int | float) and timeout > 0):
+            raise ValueError(f"timeout={timeout!r}: give the seconds a read may take, retries included (> 0)")
+        if not (isinstance(block_cache, int) and block_cache >= 0):
+            raise ValueError(f"block_cache={block_cache!r}: give the bytes of the block cache (0 turns it off)")
+        self.url, self.shown = url.rstrip("/"), redact(url.rstrip("/"))
+        self.options = dict(storage_options or {})
+        self.block_cache, self.timeout = block_cache, float(timeout)
+        self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
+        self.cache_dir_bytes = cache_dir_bytes
+        self.cache = RangeCache(block_cache) if block_cache else None
+        self.requests = self.bytes_read = 0  # what went out, for stats and the bench
+        self._fs: Any = None
+        self._pid = -1
+        self._held = threading.local()
+        self._lock = threading.Lock()
+
+    def __reduce__(self):
+        return (Remote, (self.url, self.options, self.block_cache, self.cache_dir, self.cache_dir_bytes, self.timeout))
+
+    def __repr__(self) -> str:
+        return f"Remote({self.shown!r})"
+
+    # -- the file system ---------------------------------------------------------------------------
+    @property
+    def fs(self) -> Any:
+        """The fsspec file system, made in this process (a forked child makes its own)."""
+        if self._pid != os.getpid():
+            with self._lock:
+                if self._pid != os.getpid():
+                    self._fs, self._pid = _filesystem(self.url, self.options), os.getpid()
+        return self._fs
+
+    def join(self, name: str, what: str = "a file") -> str:
+        """The URL of the object ``name`` (a plain name) under this location."""
+        return join(self.url, name, what)
+
+    # -- whole objects -----------------------------------------------------------------------------
+    def info(self, url: str) -> dict:
+        """``{"size": bytes, "etag": str | None}`` of the object at ``url`` (one HEAD request)."""
+        d = self._retry(lambda: self.fs.info(url, **self._call()), url, None)
+        tag = d.get("ETag") or d.get("etag") or d.get("LastModified") or d.get("Last-Modified") or d.get("mtime")
+        if d.get("size") is None:
+            raise RemoteReadError(f"{redact(url)} does not say its size: a server must answer HEAD with Content-Length",
+                                  redact(url))
+        return {"size": int(d["size"]), "etag": str(tag) if tag is not None else None}
+
+    def read_whole(self, url: str, limit: int, what: str) -> bytes:
+        """The object at ``url`` (a manifest, an index), refused if larger than ``limit`` bytes."""
+        size = self.info(url)["size"]
+        if size > limit:
+            raise RemoteReadError(f"{redact(url)} is {size} bytes: larger than any {what} ({limit} bytes at most)", redact(url))
+        return self.read_ranges([(url, 0, size)])[0] if size else b""
+
+    def open(self, url: str, size: int | None = None) -> RemoteFile:
+        """The object at ``url`` as a :class:`RemoteFile`; ``size``: what the caller's index says
+        it holds, checked against the object's length before any read."""
+        d = self.info(url)
+        if size is not None and d["size"] != size:
+            raise RemoteReadError(f"{redact(url)} is {d['size']} bytes, its index says {size}: the object is truncated "
+                                  "or was replaced", redact(url))
+        return RemoteFile(self, url, d["size"], d["etag"])
+
+    # -- ranges ------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def holding(self, requests: Sequence[Request]) -> Iterator[None]:
+        """Fetch ``requests`` at once (neighbours joined, the rest concurrent) and serve reads inside
+        them to this thread until the block ends, whatever the block cache keeps."""
+        cache = self.cache
+        segments = self._fetch_joined([r for r in requests if cache is None or cache.get(r) is None])
+        stack = self._held.__dict__.setdefault("stack", [])
+        stack.append(segments)
+        try:
+            yield
+        finally:
+            stack.pop()
+
+    def _from_held(self, url: str, a: int, b: int) -> bytes | None:
+        for segments in reversed(getattr(self._held, "stack", ())):
+            found = segments.get(url)
+            if found:
+                starts, blobs = found
+                k = bisect.bisect_right(starts, a) - 1
+                if k >= 0 and starts[k] + len(blobs[k]) >= b:
+                    return blobs[k][a - starts[k] : b - starts[k]]
+        return None
+
+    def read_ranges(self, requests: Sequence[Request], cache: bool = True) -> list[bytes]:
+        """The bytes of each ``(url, start, stop)``: held, cached, or fetched at once (``cache=False``:
+        a download that would only push the block cache's ranges out)."""
+        out: list[bytes | None] = [None] * len(requests)
+        missing = []
+        for k, (url, a, b) in enumerate(requests):
+            got = self._from_held(url, a, b)
+            if got is None and cache and self.cache is not None:
+                got = self.cache.get((url, a, b))
+            if got is None:
+                missing.append(k)
+            out[k] = got
+        if missing:
+            segments = self._fetch_joined([requests[k] for k in missing], cache)
+            for k in missing:
+                url, a, b = requests[k]
+                starts, blobs = segments[url]
+                s = bisect.bisect_right(starts, a) - 1
+                out[k] = blobs[s][a - starts[s] : b - starts[s]]
+        return out  # type: ignore[return-value]
+
+    def _fetch_joined(self, requests: Sequence[Request], cache: bool = True) -> dict[str, tuple[list[int], list[bytes]]]:
+        """Fetch ``requests`` as few joined requests, sent concurrently; per URL, the sorted starts
+        of the fetched segments and their bytes. Each asked range goes into the block cache."""
+        joined: list[list[Any]] = []
+        if not requests:
+            return {}
+        for url, a, b in sorted(set(requests)):
+            last = joined[-1] if joined else None
+            if last is not None and last[0] == url and a <= last[2] + GAP and max(b, last[2]) - last[1] <= MAX_REQUEST:
+                last[2] = max(last[2], b)
+            else:
+                joined.append([url, a, b])
+        blobs = self._get(joined)
+        segments: dict[str, tuple[list[int], list[bytes]]] = {}
+        for (url, a, _), blob in zip(joined, blobs):
+            starts, bs = segments.setdefault(url, ([], []))
+            starts.append(a)
+            bs.append(blob)
+        if cache and self.cache is not None:
+            for url, a, b in requests:
+                starts, bs = segments[url]
+                s = bisect.bisect_right(starts, a) - 1
+                self.cache.put((url, a, b), bs[s][a - starts[s] : b - starts[s]])
+        return segments
+
+    def _get(self, joined: list[list[Any]]) -> list[bytes]:
+        """The bytes of each ``[url, start, stop]``, retried with backoff within ``timeout``."""
+        out: list[bytes | None] = [None] * len(joined)
+        pending, start, delay, tries = list(range(len(joined))), time.monotonic(), 0.05, 0
+        errors: dict[int, BaseException] = {}
+        while pending:
+            tries += 1
+            left = self.timeout - (time.monotonic() - start)
+            results = self._cat_ranges([joined[k] for k in pending], max(left, 0.01))
+            still = []
+            for k, r in zip(pending, results):
+                _, a, b = joined[k]
+                if isinstance(r, bytes | bytearray) and len(r) == b - a:
+                    out[k] = bytes(r)
+                    continue
+                if isinstance(r, BaseException):
+                    r = _real(r)
+                else:
+                    r = ConnectionError(f"the server sent {len(r)} bytes for a range of {b - a}"
+                                        f"{' (does it ignore Range requests?)' * (len(r) > b - a)}")
+                if not _retryable(r):
+                    raise self._failed(joined[k], r, tries)
+                errors[k] = r
+                still.append(k)
+            pending = still
+            if pending and time.monotonic() - start + delay >= self.timeout:
+                raise self._failed(joined[pending[0]], errors[pending[0]], tries)
+            if pending:
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        with self._lock:
+            self.requests += len(joined) + tries - 1
+            self.bytes_read += sum(b - a for _, a, b in joined)
+        return out  # type: ignore[return-value]
+
+    def _cat_ranges(self, reqs: list[list[Any]], timeout: float) -> list[Any]:
+        fs = self.fs
+        urls, starts, stops = [r[0] for r in reqs], [r[1] for r in reqs], [r[2] for r in reqs]
+        try:
+            if getattr(fs, "async_impl", False):
+                return fs.cat_ranges(urls, starts, stops, on_error="return", timeout=timeout)
+            return fs.cat_ranges(urls, starts, stops, on_error="return")
+        except Exception as e:  # the whole batch timed out or failed: each of its ranges failed so
+            return [e] * len(reqs)
+
+    def _call(self) -> dict:
+        return {"timeout": self.timeout} if getattr(self.fs, "async_impl", False) else {}
+
+    def _retry(self, fn: Any, url: str, rng: tuple[int, int] | None) -> Any:
+        start, delay, tries = time.monotonic(), 0.05, 0
+        while True:
+            tries += 1
+            try:
+                return fn()
+            except Exception as e:
+                e = _real(e)
+                if isinstance(e, FileNotFoundError):
+                    raise FileNotFoundError(f"{redact(url)} does not exist") from None
+                if not _retryable(e) or time.monotonic() - start + delay >= self.timeout:
+                    raise self._failed([url, *(rng or (None, None))], e, tries) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    def _failed(self, req: list[Any], e: BaseException, tries: int) -> RemoteReadError:
+        url, a, b = req
+        what = f"bytes {a}-{b - 1} of " if a is not None and b > a else ""
+        why = "it is missing" if isinstance(e, FileNotFoundError) else f"{type(e).__name__}: {_scrub(str(e), url)}"
+        after = f" after {tries} tries in {self.timeout:g} s" if _retryable(e) else ""
+        err = RemoteReadError(f"could not read {what}{redact(url)}{after}: {why}", redact(url),
+                              (a, b) if a is not None else None)
+        err.__cause__ = None
+        return err
+
+
+class RemoteFile:
+    """One object of a :class:`Remote`, read like a read-only buffer: ``f[a:b]`` is its bytes
+    ``a`` to ``b`` (checked against its length first), from the held ranges, the block cache or
+    one ranged GET."""
+
+    __slots__ = ("remote", "url", "size", "etag")
+
+    def __init__(self, remote: Remote, url: str, size: int, etag: str | None):
+        self.remote, self.url, self.size, self.etag = remote, url, size, etag
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, s: slice) -> bytes:
+        if not isinstance(s, slice) or s.step not in (None, 1):
+            raise TypeError("a RemoteFile is read by slices with step 1")
+        return self.read(s.start or 0, self.size if s.stop is None else s.stop)
+
+    def request(self, a: int, b: int) -> Request:
+        """The request for bytes ``a`` to ``b``, refused unless they lie inside the object."""
+        if not 0 <= a <= b <= self.size:
+            raise RemoteReadError(f"bytes {a}-{b - 1} lie outside {redact(self.url)} ({self.size} bytes)",
+                                  redact(self.url), (a, b))
+        return (self.url, a, b)
+
+    def read(self, a: int, b: int) -> bytes:
+        return self.remote.read_ranges([self.request(a, b)])[0] if b > a else b""
+
+    def __repr__(self) -> str:
+        return f"RemoteFile({redact(self.url)!r}, {self.size} bytes)"
+
+
+_ANY_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def _scrub(text: str, url: str) -> str:
+    """An error's text without the secrets a library may have put in it (URLs with their query)."""
+    return _ANY_URL.sub(lambda m: redact(m.group(0)), text.replace(url, redact(url)))[:300]
+
+
+def _filesystem(url: str, options: dict) -> Any:
+    try:
+        import fsspec
+    except ImportError:
+        raise ImportError(f"reading {redact(url)} needs fsspec (and the package of its protocol, e.g. s3fs): "
+                          "pip install 'lazyseq[remote]'") from None
+    protocol = url.split("://", 1)[0].lower()
+    options = dict(options)
+    if protocol in ("http", "https"):
+        client = dict(options.get("client_kwargs") or {})
+        client["trace_configs"] = [*client.get("trace_configs", ()), _same_host_redirects()]
+        options["client_kwargs"] = client
+    return fsspec.filesystem(protocol, skip_instance_cache=True, **options)
+
+
+def _same_host_redirects() -> Any:
+    """An aiohttp trace that refuses a redirect to another host (a dataset's server must not send
+    its reader's requests, and their credentials, elsewhere)."""
+    import aiohttp
+
+    async def check(session: Any, ctx: Any, params: Any) -> None:
+        to = params.response.headers.get("Location", "")
+        target = params.response.url.join(aiohttp.client.URL(to)) if to else params.response.url
+        if (target.scheme, target.host, target.port) != (params.url.scheme, params.url.host, params.url.port):
+            raise RedirectRefused(f"the server redirected {redact(str(params.url))} to another host "
+                                  f"({target.scheme}://{target.host}): lazyseq does not follow redirects to another host; "
+                                  "use the final URL")
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_redirect.append(check)
+    return trace
