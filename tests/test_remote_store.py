@@ -288,3 +288,13 @@ def test_hostile_shard_name_refused(http_files, saved):
     man.write_text(json.dumps(m))
     with pytest.raises(lazyseq.StoreError):
         lazyseq.load(url)
+
+
+def test_bulk_read_failure_names_items(http_files, saved):
+    store = lazyseq.load(_http(http_files, saved), block_cache=0, timeout=0.5)
+    store[0]
+    http_files.fail_next(10**6)
+    with pytest.raises(lazyseq.EvaluationError) as e:
+        lazyseq.batch(store, 10)[0]
+    err = e.value.__cause__
+    assert isinstance(err, lazyseq.RemoteReadError) and "items 0, 1, 2, 3, ... (10 items)" in str(err)

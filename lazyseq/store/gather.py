@@ -34,6 +34,7 @@ def _groups(store: Any, idx: np.ndarray) -> list[Group]:
     order = np.argsort(k, kind="stable")
     ks = k[order]
     cuts = [0, *(np.flatnonzero(ks[1:] != ks[:-1]) + 1).tolist(), len(ks)]
+    store._open_many([int(ks[a]) for a in cuts[:-1]])
     return [(store._shard(int(ks[a])), order[a:b], j[order[a:b]]) for a, b in itertools.pairwise(cuts)]
 
 

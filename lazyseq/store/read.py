@@ -12,6 +12,7 @@ import pickle
 import stat
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -239,6 +240,15 @@ class Store(View):
                         self._open[k] = shard
         return shard
 
+    def _open_many(self, ks: list[int]) -> None:
+        """Open shards ``ks`` at once where each costs requests (a remote store's first batch over
+        many shards: one HEAD and one table read each, concurrently rather than in turn)."""
+        missing = [k for k in ks if k not in self._open]
+        if self.remote is None or len(missing) < 2:
+            return
+        with ThreadPoolExecutor(min(16, len(missing)), thread_name_prefix="lazyseq-open") as pool:
+            list(pool.map(self._shard, missing))
+
     def _open_shard(self, k: int) -> _Shard:
         rec = self.records[k]
         if self.remote is None:
@@ -280,16 +290,23 @@ class Store(View):
             return [get(i) for i in idx]
         if isinstance(idx, range):
             return self._ranges(idx)
-        return gather(self, np.asarray(idx, dtype=np.int64), columns=False)
+        return self._gather(np.asarray(idx, dtype=np.int64), False)
+
+    def _gather(self, idx: np.ndarray, columns: bool) -> Any:
+        try:
+            return gather(self, idx, columns)
+        except RemoteReadError as e:  # which items the failed read was for
+            some = ", ".join(map(str, idx[:4].tolist())) + (f", ... ({len(idx)} items)" if len(idx) > 4 else "")
+            raise e.about(f"items {some} of {self.describe()}") from None
 
     def _ranges(self, idx: range) -> list:
         out, i, step = [], idx.start, idx.step
         if step != 1:
-            return gather(self, np.arange(idx.start, idx.stop, step, dtype=np.int64), columns=False)
+            return self._gather(np.arange(idx.start, idx.stop, step, dtype=np.int64), False)
         while i < idx.stop:  # one gather (a slice) per shard
             k = i // self.per_shard
             stop = min(idx.stop, (k + 1) * self.per_shard)
-            out += gather(self, np.arange(i, stop, dtype=np.int64), columns=False)
+            out += self._gather(np.arange(i, stop, dtype=np.int64), False)
             i = stop
         return out
 
@@ -298,7 +315,7 @@ class Store(View):
 
     def _get_columns(self, idx: np.ndarray) -> Any:
         """``default_collate`` of items ``idx``, gathered by columns: see :mod:`lazyseq.store.gather`."""
-        return gather(self, idx, columns=True)
+        return self._gather(idx, True)
 
     @property
     def sizes(self) -> np.ndarray | None:
