@@ -185,6 +185,9 @@ class Remote:
         out: list[bytes | None] = [None] * len(requests)
         missing = []
         for k, (url, a, b) in enumerate(requests):
+            if a == b:  # an empty value (b"", an empty array): nothing to ask for
+                out[k] = b""
+                continue
             got = self._from_held(url, a, b)
             if got is None and cache and self.cache is not None:
                 got = self.cache.get((url, a, b))
@@ -204,6 +207,7 @@ class Remote:
         """Fetch ``requests`` as few joined requests, sent concurrently; per URL, the sorted starts
         of the fetched segments and their bytes. Each asked range goes into the block cache."""
         joined: list[list[Any]] = []
+        requests = [r for r in requests if r[2] > r[1]]
         if not requests:
             return {}
         for url, a, b in sorted(set(requests)):
@@ -228,10 +232,11 @@ class Remote:
     def _get(self, joined: list[list[Any]]) -> list[bytes]:
         """The bytes of each ``[url, start, stop]``, retried with backoff within ``timeout``."""
         out: list[bytes | None] = [None] * len(joined)
-        pending, start, delay, tries = list(range(len(joined))), time.monotonic(), 0.05, 0
+        pending, start, delay, tries, sent = list(range(len(joined))), time.monotonic(), 0.05, 0, 0
         errors: dict[int, BaseException] = {}
         while pending:
             tries += 1
+            sent += len(pending)
             left = self.timeout - (time.monotonic() - start)
             results = self._cat_ranges([joined[k] for k in pending], max(left, 0.01))
             still = []
@@ -256,7 +261,7 @@ class Remote:
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
         with self._lock:
-            self.requests += len(joined) + tries - 1
+            self.requests += sent
             self.bytes_read += sum(b - a for _, a, b in joined)
         return out  # type: ignore[return-value]
 
