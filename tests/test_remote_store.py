@@ -298,3 +298,15 @@ def test_bulk_read_failure_names_items(http_files, saved):
         lazyseq.batch(store, 10)[0]
     err = e.value.__cause__
     assert isinstance(err, lazyseq.RemoteReadError) and "items 0, 1, 2, 3, ... (10 items)" in str(err)
+
+
+def test_verify_reads_every_shard_and_checks_its_checksum(http_files, saved):
+    url = _http(http_files, saved)
+    lazyseq.load(url, verify=True)
+    shard = http_files.root / "train" / lazyseq.load(saved).records[1]["file"]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the checksum can tell
+    shard.write_bytes(bytes(data))
+    lazyseq.load(url)  # no shard read
+    with pytest.raises(lazyseq.StoreError, match="checksum"):
+        lazyseq.load(url, verify=True)
