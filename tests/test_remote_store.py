@@ -310,3 +310,33 @@ def test_verify_reads_every_shard_and_checks_its_checksum(http_files, saved):
     lazyseq.load(url)  # no shard read
     with pytest.raises(lazyseq.StoreError, match="checksum"):
         lazyseq.load(url, verify=True)
+
+
+def test_reopened_object_with_a_new_etag_is_not_served_from_the_block_cache(http_files):
+    from lazyseq.files import Remote
+
+    (http_files.root / "blob").write_bytes(b"a" * 100)
+    remote = Remote(http_files.url)
+    url = remote.join("blob")
+    assert remote.open(url).read(10, 20) == b"a" * 10
+    (http_files.root / "blob").write_bytes(b"b" * 100)  # same size, new mtime: a new ETag
+    os.utime(http_files.root / "blob", ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert remote.open(url).read(10, 20) == b"b" * 10
+
+
+def test_forked_child_reads_with_its_own_connections(http_files, saved):
+    import multiprocessing
+
+    store = lazyseq.load(_http(http_files, saved))
+    want = store[3]  # the parent's session and cache are in use
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+
+    def child():
+        q.put(_same(want, store[3]) and _same(lazyseq.load(saved)[200], store[200]))
+
+    p = ctx.Process(target=child)
+    p.start()
+    ok = q.get(timeout=30)
+    p.join(10)
+    assert ok and p.exitcode == 0

@@ -71,6 +71,12 @@ class RangeCache:
                 self._d.move_to_end(key)
             return b
 
+    def drop(self, url: str) -> None:
+        """Forget every range of ``url``."""
+        with self._lock:
+            for key in [k for k in self._d if k[0] == url]:
+                self.size -= len(self._d.pop(key))
+
     def put(self, key: Request, b: bytes) -> None:
         if len(b) > self.capacity // 4:  # one large read would push everything else out
             return
@@ -105,9 +111,10 @@ class Remote:
         self.cache = RangeCache(block_cache) if block_cache else None
         self.requests = self.bytes_read = 0  # what went out, for stats and the bench
         self._fs: Any = None
-        self._pid = -1
+        self._pid = os.getpid()
         self._held = threading.local()
         self._lock = threading.Lock()
+        self._versions: dict[str, str | None] = {}  # the ETag each object had when last opened
 
     def __reduce__(self):
         return (Remote, (self.url, self.options, self.block_cache, self.cache_dir, self.cache_dir_bytes, self.timeout))
@@ -116,13 +123,21 @@ class Remote:
         return f"Remote({self.shown!r})"
 
     # -- the file system ---------------------------------------------------------------------------
+    def _forked(self) -> None:
+        """In a forked child: new locks (a parent's thread may have held one at the fork), a new
+        cache, no file system (its connections and event loop are the parent's)."""
+        if self._pid != os.getpid():
+            self._lock, self._pid, self._fs, self._versions = threading.Lock(), os.getpid(), None, {}
+            self.cache = RangeCache(self.block_cache) if self.block_cache else None
+
     @property
     def fs(self) -> Any:
         """The fsspec file system, made in this process (a forked child makes its own)."""
-        if self._pid != os.getpid():
+        self._forked()
+        if self._fs is None:
             with self._lock:
-                if self._pid != os.getpid():
-                    self._fs, self._pid = _filesystem(self.url, self.options), os.getpid()
+                if self._fs is None:
+                    self._fs = _filesystem(self.url, self.options)
         return self._fs
 
     def join(self, name: str, what: str = "a file") -> str:
@@ -144,12 +159,16 @@ class Remote:
         size = self.info(url)["size"]
         if size > limit:
             raise RemoteReadError(f"{redact(url)} is {size} bytes: larger than any {what} ({limit} bytes at most)", redact(url))
-        return self.read_ranges([(url, 0, size)])[0] if size else b""
+        part = 8 * 2**20  # parts sent at once: no single GET has to carry it all within the timeout
+        return b"".join(self.read_ranges([(url, a, min(a + part, size)) for a in range(0, size, part)], cache=False))
 
     def open(self, url: str, size: int | None = None) -> RemoteFile:
         """The object at ``url`` as a :class:`RemoteFile`; ``size``: what the caller's index says
         it holds, checked against the object's length before any read."""
         d = self.info(url)
+        if self._versions.get(url, d["etag"]) != d["etag"] and self.cache is not None:
+            self.cache.drop(url)  # the object was replaced: its old ranges must not be served
+        self._versions[url] = d["etag"]
         if size is not None and d["size"] != size:
             raise RemoteReadError(f"{redact(url)} is {d['size']} bytes, its index says {size}: the object is truncated "
                                   "or was replaced", redact(url))
@@ -161,6 +180,7 @@ class Remote:
         """Fetch ``requests`` at once (neighbours joined, the rest concurrent) and serve reads inside
         them to this thread until the block ends, whatever the block cache keeps."""
         cache = self.cache
+        self._forked()
         segments = self._fetch_joined([r for r in requests if cache is None or cache.get(r) is None])
         stack = self._held.__dict__.setdefault("stack", [])
         stack.append(segments)
@@ -182,6 +202,7 @@ class Remote:
     def read_ranges(self, requests: Sequence[Request], cache: bool = True) -> list[bytes]:
         """The bytes of each ``(url, start, stop)``: held, cached, or fetched at once (``cache=False``:
         a download that would only push the block cache's ranges out)."""
+        self._forked()
         out: list[bytes | None] = [None] * len(requests)
         missing = []
         for k, (url, a, b) in enumerate(requests):
@@ -224,6 +245,8 @@ class Remote:
             bs.append(blob)
         if cache and self.cache is not None:
             for url, a, b in requests:
+                if b - a > self.cache.capacity // 4:
+                    continue
                 starts, bs = segments[url]
                 s = bisect.bisect_right(starts, a) - 1
                 self.cache.put((url, a, b), bs[s][a - starts[s] : b - starts[s]])

@@ -1,9 +1,12 @@
 """Every file access of :mod:`lazyseq.megatron`, in one place.
 
-DESIGN section 2: a format never opens a file itself, it asks the files layer. Until that layer
-exists (local paths, then any fsspec URL), these few functions are the only ones in this package
-that touch the file system, so that swapping them swaps every read and write of the format:
+DESIGN section 2: a format never opens a file itself, it asks the files layer
+(:mod:`lazyseq.files`). These few functions are the only ones in this package that touch a file,
+local or in object storage:
 
+- :func:`open_pair`: a corpus's ``.bin`` and ``.idx``: memory maps of local files; for a URL, the
+  ``.idx`` read whole and the ``.bin`` a :class:`~lazyseq.files.RemoteFile` read by ranges (or,
+  with ``cache_dir``, both kept whole on local disk and memory-mapped), and the objects' versions;
 - :func:`map_file`: a read-only, zero-copy ``uint8`` array over a memory map of a regular file;
 - :func:`stamp`: a file's size and modification time (the key of a cached index);
 - :func:`create`, :func:`commit`, :func:`write_atomic`: new files written beside their final path
@@ -20,13 +23,43 @@ import os
 import stat
 import tempfile
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from ..errors import StoreError
+from ..files import DiskCache, Remote, RemoteFile, redact
+from ..files.fileobj import read_into
 
-__all__ = ["map_file", "stamp", "create", "commit", "write_atomic", "writable_dir", "makedirs", "read_npy", "remove"]
+__all__ = ["open_pair", "map_file", "stamp", "create", "commit", "write_atomic", "writable_dir", "makedirs", "read_npy",
+           "remove", "IDX_LIMIT"]
+
+IDX_LIMIT = 4 * 2**30  # bytes: an .idx over a URL is read whole into memory; a larger object is refused
+
+
+def open_pair(bin_file: str, idx_file: str, remote: Remote | None) -> tuple[Any, np.ndarray, list | None]:
+    """``(bin, idx, version)`` of a corpus: ``bin`` a ``uint8`` memory map or a
+    :class:`~lazyseq.files.RemoteFile` (``len`` and ranges), ``idx`` the ``.idx``'s bytes as a
+    read-only ``uint8`` array, ``version`` the objects' ``[size, etag]`` (``.idx`` first) for a URL,
+    None locally. ``FileNotFoundError`` names a missing file."""
+    if remote is None:
+        return map_file(bin_file), map_file(idx_file), None
+    idx_info, bin_info = remote.info(idx_file), remote.info(bin_file)
+    if idx_info["size"] > IDX_LIMIT:
+        raise StoreError(f"{redact(idx_file)} is {idx_info['size']} bytes: larger than any index this reader reads "
+                         f"into memory ({IDX_LIMIT} bytes)")
+    disk = DiskCache(remote.cache_dir, remote.cache_dir_bytes, remote) if remote.cache_dir is not None else None
+    local_idx = disk.local(idx_file, idx_info["size"], idx_info["etag"]) if disk else None
+    local_bin = disk.local(bin_file, bin_info["size"], bin_info["etag"]) if disk else None
+    if local_idx is not None:
+        idx = map_file(local_idx)
+    else:
+        buf = bytearray(idx_info["size"])
+        read_into(remote, idx_file, 0, memoryview(buf), cache=False)
+        idx = np.frombuffer(buf, np.uint8)
+        idx.flags.writeable = False
+    bin_ = map_file(local_bin) if local_bin is not None else RemoteFile(remote, bin_file, bin_info["size"], bin_info["etag"])
+    return bin_, idx, [[i["size"], i["etag"]] for i in (idx_info, bin_info)]
 
 
 def map_file(path: str) -> np.ndarray:

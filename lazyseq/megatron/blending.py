@@ -124,7 +124,8 @@ class Blend(View):
     checks_keys = False
 
     def __init__(self, datasets: Sequence[Any], weights: Sequence[float], num_samples: int, seq_length: int, *,
-                 seed: int = 0, shuffle: bool = True, cache: bool = True, cache_dir: str | os.PathLike | None = None):
+                 seed: int = 0, shuffle: bool = True, cache: bool = True, cache_dir: str | os.PathLike | None = None,
+                 **remote: Any):
         if isinstance(datasets, (str, os.PathLike)) or len(datasets) != len(weights) or not len(datasets):
             raise ValueError("lazyseq.megatron.blend: give a list of datasets and a list of as many weights")
         if any(not isinstance(x, (int, float, np.integer, np.floating)) or not math.isfinite(x) or x < 0 for x in weights) \
@@ -133,8 +134,8 @@ class Blend(View):
         self.num_samples = check_int(num_samples, "lazyseq.megatron.blend: num_samples", 0)
         seed = check_int(seed, "lazyseq.megatron.blend: seed", 0, 2**32 - len(datasets))
         self.weights, per = weights_and_counts([float(x) for x in weights], self.num_samples)
-        self.parts = tuple(GPT(d, per[k], seq_length, seed=seed + k, shuffle=shuffle, cache=cache, cache_dir=cache_dir)
-                           for k, d in enumerate(datasets))
+        self.parts = tuple(GPT(d, per[k], seq_length, seed=seed + k, shuffle=shuffle, cache=cache, cache_dir=cache_dir,
+                               **remote) for k, d in enumerate(datasets))
         self.seq_length, self.seed, self.shuffle, self.cache, self.cache_dir = seq_length, seed, bool(shuffle), cache, cache_dir
         self._index: tuple[np.ndarray, np.ndarray] | None = None
         self._lock = threading.Lock()
@@ -150,7 +151,7 @@ class Blend(View):
                     params = {"weights": self.weights, "num_samples": self.num_samples}
                     n = self.num_samples
                     spec = [("dataset_idx", "<i2", (n,)), ("dataset_sample_idx", "<i8", (n,))]
-                    self._index = tuple(cache.cached("blend", self.parts[0].docs.prefix, params, spec,
+                    self._index = tuple(cache.cached("blend", self.parts[0].docs, params, spec,
                                                      lambda: assign(self.weights, n), _check(self.weights, n),
                                                      self.cache_dir, self.cache))
         return self._index
@@ -183,7 +184,8 @@ def _restore(state: dict) -> Blend:
 
 
 def blend(datasets: Sequence[Any], weights: Sequence[float], num_samples: int, seq_length: int, *, seed: int = 0,
-          shuffle: bool = True, cache: bool = True, cache_dir: str | os.PathLike | None = None) -> Blend:
+          shuffle: bool = True, cache: bool = True, cache_dir: str | os.PathLike | None = None,
+          storage_options: dict | None = None, block_cache: int = 64 * 2**20, timeout: float = 30.0) -> Blend:
     """``num_samples`` GPT samples drawn from several corpora by weight, item for item those of
     tinygrad's MLPerf ``BlendedGPTDataset(paths, weights, num_samples, seq_length, seed, shuffle).get(i)``.
 
@@ -191,7 +193,8 @@ def blend(datasets: Sequence[Any], weights: Sequence[float], num_samples: int, s
     :func:`gpt` samples (``seed + k``) and is asked for its share of ``num_samples`` plus 0.5%;
     sample ``i`` comes from the dataset furthest behind its weight (``w_k * max(i, 1) - count_k``,
     the first on a tie), as in tinygrad. The assignment is exact and built with vectorised
-    passes at the first read, then cached like the samples' index (see :func:`gpt`).
+    passes at the first read, then cached like the samples' index (see :func:`gpt`). Prefixes may
+    be URLs, opened with ``storage_options``, ``block_cache`` and ``timeout`` (see :func:`gpt`).
 
     >>> import tempfile, os
     >>> from lazyseq import megatron
@@ -203,4 +206,4 @@ def blend(datasets: Sequence[Any], weights: Sequence[float], num_samples: int, s
     [0, 1000, 4, 8, 12, 1004, 16, 20]
     """
     return Blend(datasets, weights, num_samples, seq_length, seed=seed, shuffle=shuffle, cache=cache,
-                 cache_dir=cache_dir)
+                 cache_dir=cache_dir, storage_options=storage_options, block_cache=block_cache, timeout=timeout)

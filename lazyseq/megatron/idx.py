@@ -17,11 +17,13 @@ import hashlib
 import os
 import struct
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
 from ..base import View
-from ..errors import StoreError
+from ..errors import RemoteReadError, StoreError
+from ..files import Remote, RemoteFile, is_url, local_path, redact
 from . import access
 
 __all__ = ["Indexed", "indexed", "DTYPES", "CODES", "HEADER", "MAGIC", "paths"]
@@ -35,9 +37,13 @@ CODES = {dt: code for code, dt in DTYPES.items()}
 
 
 def paths(prefix: str | os.PathLike) -> tuple[str, str, str]:
-    """``(prefix, prefix.bin, prefix.idx)``, the prefix made absolute (a ``.bin``/``.idx`` suffix
-    given by mistake is dropped)."""
-    p = os.path.abspath(os.fspath(prefix))
+    """``(prefix, prefix.bin, prefix.idx)``, a local prefix made absolute, a URL's suffixes put on its
+    path (before a query string); a ``.bin``/``.idx`` suffix given by mistake is dropped."""
+    if is_url(prefix):
+        u = urlsplit(prefix)  # type: ignore[arg-type]
+        p = u.path[:-4] if u.path.endswith((".bin", ".idx")) else u.path
+        return tuple(urlunsplit((u.scheme, u.netloc, p + ext, u.query, u.fragment)) for ext in ("", ".bin", ".idx"))
+    p = local_path(prefix)
     if p.endswith((".bin", ".idx")):
         p = p[:-4]
     return p, p + ".bin", p + ".idx"
@@ -93,44 +99,86 @@ class Indexed(View):
 
     checks_keys = False
 
-    def __init__(self, prefix: str | os.PathLike):
+    def __init__(self, prefix: str | os.PathLike, remote: Remote | None = None):
         self.prefix, self.bin_file, self.idx_file = paths(prefix)
+        self.remote = remote if is_url(self.prefix) else None
+        if is_url(self.prefix) and remote is None:
+            self.remote = Remote(self.prefix)
+        self.shown = redact(self.prefix)  # a URL without its secrets, for every message
+        shown_idx = redact(self.idx_file)
         try:
-            bin_map = access.map_file(self.bin_file)
-            idx_map = access.map_file(self.idx_file)
+            bin_map, idx_map, self._version = access.open_pair(self.bin_file, self.idx_file, self.remote)
         except FileNotFoundError as e:
-            raise FileNotFoundError(f"lazyseq.megatron.indexed: {e.filename} is missing "
+            missing = e.filename or (self.bin_file if redact(self.bin_file) in str(e) else self.idx_file)
+            raise FileNotFoundError(f"lazyseq.megatron.indexed: {redact(missing)} is missing "
                                     f"(a Megatron dataset is a .bin and an .idx file)") from None
         try:
-            self.dtype, self.sizes, self.pointers, self.doc_idx = _parse(idx_map, self.idx_file, len(bin_map))
+            self.dtype, self.sizes, self.pointers, self.doc_idx = _parse(idx_map, shown_idx, len(bin_map))
         except _Bad as e:
-            raise StoreError(f"{self.idx_file} is not a valid Megatron index: {e}") from None
-        self._bin, self._n = bin_map, len(self.sizes)
+            raise StoreError(f"{shown_idx} is not a valid Megatron index: {e}") from None
+        self._bin, self._idx, self._n = bin_map, idx_map, len(self.sizes)
+        self._ranged = isinstance(bin_map, RemoteFile)  # else a memory map
 
-    def __reduce__(self):  # a worker maps and checks the files itself
-        return (Indexed, (self.prefix,))
+    def __reduce__(self):  # a worker maps (or fetches) and checks the files itself
+        return (Indexed, (self.prefix,)) if self.remote is None else (Indexed, (self.prefix, self.remote))
+
+    @property
+    def name(self) -> str:
+        """The corpus's file name, without ``.bin``/``.idx`` (a URL's, without its secrets)."""
+        return os.path.basename(urlsplit(self.shown).path if self.remote is not None else self.prefix)
+
+    def version(self) -> list:
+        """What identifies this version of the files (a cached index's key): their ``(size,
+        mtime_ns)``, or for a URL the ``[size, etag]`` of the objects when the view was made."""
+        if self._version is not None:
+            return self._version
+        return [access.stamp(f) for f in (self.idx_file, self.bin_file)]
 
     def _len(self) -> int:
         return self._n
 
     def _get(self, i: int) -> np.ndarray:
-        return np.frombuffer(self._bin, self.dtype, int(self.sizes[i]), int(self.pointers[i]))
+        if not self._ranged:
+            return np.frombuffer(self._bin, self.dtype, int(self.sizes[i]), int(self.pointers[i]))
+        return self._fetch([(int(self.pointers[i]), int(self.sizes[i]))], f"document {i}")[0]
 
     def _get_many(self, idx: Any) -> list:
         s, p, b, dt = self.sizes[idx].tolist(), self.pointers[idx].tolist(), self._bin, self.dtype
+        if self._ranged:
+            return self._fetch(list(zip(p, s)), f"{len(s)} documents")
         return [np.frombuffer(b, dt, n, o) for n, o in zip(s, p)]
 
     def tokens(self, i: int, start: int, stop: int) -> np.ndarray:
         """Tokens ``start:stop`` of sequence ``i`` (``0 <= start <= stop <= sizes[i]``, unchecked)."""
+        if self._ranged:
+            return self.spans([(i, start, stop)])[0]
         return np.frombuffer(self._bin, self.dtype, stop - start, int(self.pointers[i]) + start * self.dtype.itemsize)
+
+    def spans(self, spans: Any) -> list[np.ndarray]:
+        """Tokens ``start:stop`` of sequence ``i`` for each ``(i, start, stop)`` (unchecked, as in
+        :meth:`tokens`), read-only; over a URL, their ranges fetched at once."""
+        at, dt = self.pointers, self.dtype
+        parts = [(int(at[i]) + a * dt.itemsize, b - a) for i, a, b in spans]
+        if self._ranged:
+            return self._fetch(parts, f"tokens of documents {sorted({int(i) for i, _, _ in spans})[:8]}")
+        return [np.frombuffer(self._bin, dt, n, o) for o, n in parts]
+
+    def _fetch(self, parts: list, what: str) -> list[np.ndarray]:
+        """``n`` tokens at byte ``o`` of the ``.bin`` for each ``(o, n)``, their ranges fetched at once."""
+        f, size = self._bin, self.dtype.itemsize
+        try:
+            blobs = iter(f.remote.read_ranges([f.request(o, o + n * size) for o, n in parts if n]))
+        except RemoteReadError as e:
+            raise e.about(f"{what} of {self.describe()}") from None
+        return [np.frombuffer(next(blobs) if n else b"", self.dtype) for _, n in parts]
 
     def fingerprint_identity(self) -> dict:
         """The data's name, dtype, counts and file sizes, and a digest of the ``.idx``'s first and last
         MiB, for ``lazyseq.fingerprint``: the same for a copy anywhere, no token read."""
-        idx = access.map_file(self.idx_file)
+        idx = self._idx
         head, tail = idx[: 1 << 20], idx[max(len(idx) - (1 << 20), 1 << 20):]
         digest = hashlib.blake2b(head.tobytes() + tail.tobytes(), digest_size=16).hexdigest()
-        return {"prefix": os.path.basename(self.prefix), "dtype": self.dtype.str, "sequences": self._n,
+        return {"prefix": self.name, "dtype": self.dtype.str, "sequences": self._n,
                 "documents": len(self.doc_idx), "bytes": [len(self._bin), len(idx)], "index": digest}
 
     def nbytes(self) -> int:
@@ -138,10 +186,12 @@ class Indexed(View):
         return len(self._bin)
 
     def describe(self) -> str:
-        return f"megatron.indexed({self.prefix!r}, {self.dtype.name})"
+        return f"megatron.indexed({self.shown!r}, {self.dtype.name})"
 
 
-def indexed(prefix: str | os.PathLike) -> Indexed:
+def indexed(prefix: str | os.PathLike, *, storage_options: dict | None = None, block_cache: int = 64 * 2**20,
+            cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int | None = None,
+            timeout: float = 30.0) -> Indexed:
     """The sequences (documents) of Megatron's ``prefix.bin``/``prefix.idx`` files, as a view.
 
     ``docs[i]`` is sequence ``i`` as a **read-only, zero-copy** 1-D numpy array of the stored dtype
@@ -155,6 +205,14 @@ def indexed(prefix: str | os.PathLike) -> Indexed:
     naming it and what is wrong. The view pickles as its prefix: a prefetch worker maps and checks
     the files itself.
 
+    ``prefix`` may be any fsspec URL (``s3://bucket/corpus``, ``https://host/corpus``): the
+    ``.idx`` is read whole once (at most 4 GiB), both objects' sizes come from HEAD requests and
+    are checked as above, and a document is one ranged GET (a bulk read: its ranges at once,
+    neighbours joined), a read-only array equal to the local one. ``storage_options``,
+    ``block_cache``, ``cache_dir`` (both files kept whole on local disk and memory-mapped, at most
+    ``cache_dir_bytes``), ``timeout`` are :func:`lazyseq.load`'s; a URL's view pickles as its URL
+    and these settings. See docs/remote.md.
+
     >>> import tempfile, os
     >>> from lazyseq import megatron
     >>> prefix = os.path.join(tempfile.mkdtemp(), 'corpus')
@@ -163,4 +221,7 @@ def indexed(prefix: str | os.PathLike) -> Indexed:
     >>> len(docs), docs[0], docs.dtype, docs.sizes.tolist(), docs[2].flags.writeable
     (3, array([5, 6, 7], dtype=uint16), dtype('uint16'), [3, 1, 2], False)
     """
-    return Indexed(prefix)
+    remote = None
+    if is_url(prefix):
+        remote = Remote(paths(prefix)[0], storage_options, block_cache, cache_dir, cache_dir_bytes, timeout)
+    return Indexed(prefix, remote)

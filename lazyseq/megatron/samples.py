@@ -98,8 +98,8 @@ class GPT(View):
     checks_keys = False
 
     def __init__(self, docs: Any, num_samples: int, seq_length: int, *, seed: int = 0, shuffle: bool = True,
-                 cache: bool = True, cache_dir: str | os.PathLike | None = None):
-        self.docs = docs if isinstance(docs, Indexed) else indexed(docs)
+                 cache: bool = True, cache_dir: str | os.PathLike | None = None, **remote: Any):
+        self.docs = opened(docs, remote, "lazyseq.megatron.gpt")
         self.num_samples = check_int(num_samples, "lazyseq.megatron.gpt: num_samples", 0)
         self.seq_length = check_int(seq_length, "lazyseq.megatron.gpt: seq_length", 1)
         self.seed = check_int(seed, "lazyseq.megatron.gpt: seed", 0, 2**32 - 1)
@@ -124,12 +124,12 @@ class GPT(View):
         sizes = self.docs.sizes
         tokens = int(sizes.sum(dtype=np.int64))
         if not tokens:
-            raise ValueError(f"lazyseq.megatron.gpt: {self.docs.prefix} holds no tokens: there are no samples to cut")
+            raise ValueError(f"lazyseq.megatron.gpt: {self.docs.shown} holds no tokens: there are no samples to cut")
         n_epochs, n = epochs(tokens, self.num_samples, self.seq_length), self.num_samples
         params = {"num_samples": n, "seq_length": self.seq_length, "seed": self.seed, "shuffle": self.shuffle}
         spec = [("doc_idx", "<i4", (len(sizes) * n_epochs,)), ("shuffle_idx", "<i4", (n,))]
         doc_idx, shuffle_idx = cache.cached(
-            "gpt", self.docs.prefix, params, spec, lambda: build(sizes, n, self.seq_length, self.seed, self.shuffle),
+            "gpt", self.docs, params, spec, lambda: build(sizes, n, self.seq_length, self.seed, self.shuffle),
             _check(len(sizes), n_epochs, n), self.cache_dir, self.cache)
         sample_idx = boundaries(sizes[doc_idx].astype(np.int64), n, self.seq_length)
         return doc_idx, sample_idx, shuffle_idx
@@ -146,10 +146,8 @@ class GPT(View):
             return docs.tokens(int(doc_idx[d0]), o0, o1 + 1).copy()
         ids = doc_idx[d0 : d1 + 1].tolist()
         sizes = docs.sizes
-        parts = [docs.tokens(ids[0], o0, int(sizes[ids[0]]))]
-        parts += [docs._get(k) for k in ids[1:-1]]
-        parts.append(docs.tokens(ids[-1], 0, o1 + 1))
-        return np.concatenate(parts)
+        spans = [(ids[0], o0, int(sizes[ids[0]])), *((k, 0, int(sizes[k])) for k in ids[1:-1]), (ids[-1], 0, o1 + 1)]
+        return np.concatenate(docs.spans(spans))  # over a URL: the ranges fetched at once
 
     def children(self) -> tuple:
         return (self.docs,)
@@ -159,6 +157,24 @@ class GPT(View):
                 f"shuffle={self.shuffle})")
 
 
+DEFAULTS = {"storage_options": None, "block_cache": 64 * 2**20, "timeout": 30.0}  # indexed()'s, passed through
+
+
+def opened(docs: Any, remote: dict, who: str) -> Indexed:
+    """``docs`` if an :class:`Indexed` view, else the corpus at the prefix ``docs`` opened with
+    ``remote`` (the keywords of :func:`indexed` in ``DEFAULTS``)."""
+    unknown = set(remote) - set(DEFAULTS)
+    if unknown:
+        raise TypeError(f"{who}() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+    if isinstance(docs, Indexed):
+        given = sorted(k for k, v in remote.items() if v != DEFAULTS[k])
+        if given:
+            raise ValueError(f"{who}: {', '.join(given)} open a corpus from its prefix; docs is already an indexed "
+                             "view (pass them to megatron.indexed)")
+        return docs
+    return indexed(docs, **remote)
+
+
 def _restore(docs, num_samples, seq_length, seed, shuffle, use_cache, cache_dir, index) -> GPT:
     v = GPT(docs, num_samples, seq_length, seed=seed, shuffle=shuffle, cache=use_cache, cache_dir=cache_dir)
     v._index = index
@@ -166,7 +182,8 @@ def _restore(docs, num_samples, seq_length, seed, shuffle, use_cache, cache_dir,
 
 
 def gpt(docs: Any, num_samples: int, seq_length: int, *, seed: int = 0, shuffle: bool = True, cache: bool = True,
-        cache_dir: str | os.PathLike | None = None) -> GPT:
+        cache_dir: str | os.PathLike | None = None, storage_options: dict | None = None,
+        block_cache: int = 64 * 2**20, timeout: float = 30.0) -> GPT:
     """``num_samples`` samples of ``seq_length + 1`` tokens cut from the documents ``docs`` (an
     :func:`indexed` view, or a prefix), item for item those of tinygrad's MLPerf ``GPTDataset``.
 
@@ -179,10 +196,15 @@ def gpt(docs: Any, num_samples: int, seq_length: int, *, seed: int = 0, shuffle:
     Items are new (writable) arrays of the documents' dtype.
 
     Building the view reads nothing: the index is built at the first read, with vectorised numpy,
-    and cached beside the data (else under ``cache_dir``, default ``~/.cache/lazyseq``; ``cache=False``:
-    not at all). The samples are fixed by ``seed`` and take no epoch: shuffle them per epoch on top
-    (a ``DataLoader`` with ``shuffle=True`` does). The view pickles with its index: prefetch workers
-    never rebuild it.
+    and cached beside the data (else under ``cache_dir``, default ``$XDG_CACHE_HOME/lazyseq`` or
+    ``~/.cache/lazyseq``; ``cache=False``: not at all). The samples are fixed by ``seed`` and take
+    no epoch: shuffle them per epoch on top (a ``DataLoader`` with ``shuffle=True`` does). The view
+    pickles with its index: prefetch workers never rebuild it.
+
+    A URL prefix opens with ``storage_options``, ``block_cache`` and ``timeout`` (see
+    :func:`indexed`); its index is cached under ``cache_dir`` (else the indexed view's
+    ``cache_dir``, else the default), never beside the data. ``gpt(indexed(url, cache_dir=d), ...)``
+    also keeps the corpus's files in ``d``.
 
     >>> import tempfile, os
     >>> from lazyseq import megatron
@@ -192,4 +214,5 @@ def gpt(docs: Any, num_samples: int, seq_length: int, *, seed: int = 0, shuffle:
     >>> [s.tolist() for s in samples]
     [[0, 1, 2, 3, 4], [4, 5, 6, 7, 8], [8, 9, 100, 101, 102]]
     """
-    return GPT(docs, num_samples, seq_length, seed=seed, shuffle=shuffle, cache=cache, cache_dir=cache_dir)
+    return GPT(docs, num_samples, seq_length, seed=seed, shuffle=shuffle, cache=cache, cache_dir=cache_dir,
+               storage_options=storage_options, block_cache=block_cache, timeout=timeout)

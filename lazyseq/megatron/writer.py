@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from ..files import is_url, redact
 from . import access
 from .idx import CODES, HEADER, MAGIC, paths
 
@@ -123,6 +124,9 @@ def write(prefix: str | os.PathLike, docs: Iterable, dtype: Any = None) -> None:
     >>> docs.dtype, docs[1]
     (dtype('int32'), array([70000], dtype=int32))
     """
+    if is_url(prefix):
+        raise ValueError(f"lazyseq.megatron.write writes local files, not {redact(prefix)}: write them locally, "
+                         "then upload prefix.bin and prefix.idx")
     _, bin_file, idx_file = paths(prefix)
     fixed = dtype is not None
     dt = _given(dtype) if fixed else _AUTO[0]

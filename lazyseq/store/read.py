@@ -258,7 +258,8 @@ class Store(View):
         f = self.remote.open(url, rec["bytes"])
         local = self._disk.local(url, f.size, f.etag) if self._disk is not None else None
         if local is not None:
-            return _Shard(_open_local(local, rec), redact(url), rec, self.fields, self._dtypes)
+            with contextlib.suppress(StoreError):  # another process's eviction took it meanwhile: read remotely
+                return _Shard(_open_local(local, rec), redact(url), rec, self.fields, self._dtypes)
         return _Shard(f, redact(url), rec, self.fields, self._dtypes)
 
     def _holding(self, groups: list) -> Any:

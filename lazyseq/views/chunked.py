@@ -12,10 +12,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
 from ..base import Remap, View
+from ..files import Remote, is_url, redact
+from ..files.fileobj import open_file
 from ..fingerprints import file_identity
 from ..helpers import fname
 from ..node import Failed, into, length
@@ -35,7 +38,7 @@ _WAIT = 1.0  # seconds between checks while another thread decodes the chunk we 
 # -- chunks ----------------------------------------------------------------------------------------
 class Chunks(View):
     def __init__(self, paths: Sequence, read: Callable[[Any], Sequence], lengths: Sequence[int] | None,
-                 cache: int):
+                 cache: int, as_file: bool = False, settings: dict | None = None):
         if isinstance(paths, (str, bytes, os.PathLike)):
             raise TypeError("chunks: paths must be a sequence of paths, got a single path; use [path]")
         self.paths = tuple(paths)
@@ -44,6 +47,15 @@ class Chunks(View):
         self.read, self.cache = read, operator.index(cache)
         if self.cache < 1:
             raise ValueError(f"chunks: cache must be >= 1 (chunks held in memory), got {cache}")
+        self.as_file, self.settings = bool(as_file), dict(settings or {})
+        if self.settings and not self.as_file:
+            raise ValueError(f"chunks: {', '.join(sorted(self.settings))} apply to files opened for read "
+                             "(as_file=True); without it, read receives the path and opens it itself")
+        if self.as_file:
+            Remote("s3://settings", **self.settings)  # checks them now, not at the first read
+            n = self.settings.get("cache_dir_bytes")
+            if n is not None and not (isinstance(n, int) and n > 0):
+                raise ValueError(f"chunks: cache_dir_bytes={n!r}: give the most bytes the cache may hold, or None")
         self._given_lengths = lengths is not None
         if lengths is None:
             self._lens: list[int | None] = [None] * len(self.paths)
@@ -63,14 +75,16 @@ class Chunks(View):
         self._count = threading.Lock()  # one thread counts the chunks' lengths
         self._fork = _forks[0]
         self._starts: list[int] | None = None  # first index of every chunk, once every length is known
+        self._remotes: dict[str, Remote] = {}  # as_file: one per URL scheme, made in this process
         if None not in self._lens:
             self._index()
 
     def __getstate__(self) -> dict:  # small: the cache stays in this process
-        return {"paths": self.paths, "read": self.read, "cache": self.cache, "_lens": self._lens}
+        return {"paths": self.paths, "read": self.read, "cache": self.cache, "_lens": self._lens,
+                "as_file": self.as_file, "settings": self.settings}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({"as_file": False, "settings": {}} | state)
         self._setup()
 
     def _fresh(self) -> None:
@@ -121,21 +135,38 @@ class Chunks(View):
 
     def _decode(self, k: int) -> Sequence:
         path = self.paths[k]
+        shown = repr(redact(path)) if is_url(path) else repr(path)  # a URL's secrets never shown
         try:
-            data = self.read(path)
+            if self.as_file:
+                with self._open(path) as f:
+                    data = self.read(f)
+            else:
+                data = self.read(path)
         except Exception as e:
-            e.add_note(f"while reading chunk {k} ({path!r}) of {self.describe()}")
+            e.add_note(f"while reading chunk {k} ({shown}) of {self.describe()}")
             raise
+        arg = "the file of " * self.as_file + shown
         if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
-            raise TypeError(f"{self.describe()}: read({path!r}) returned a {type(data).__name__}, not a sequence "
+            raise TypeError(f"{self.describe()}: read({arg}) returned a {type(data).__name__}, not a sequence "
                             "of samples (return a list, an array or a view)")
         n, want = len(data), self._lens[k]
         if want is None:
             self._lens[k] = n
         elif n != want:
-            raise ValueError(f"{self.describe()}: read({path!r}) returned {n} samples but lengths[{k}] is {want}: "
+            raise ValueError(f"{self.describe()}: read({arg}) returned {n} samples but lengths[{k}] is {want}: "
                              "fix lengths (or the file), or pass lengths=None to count them")
         return data
+
+    def _open(self, path: Any) -> Any:
+        """``path`` opened for ``read``: a local file, or a URL's file over ranged reads through this
+        process's :class:`Remote` for its scheme (its block cache and connections shared)."""
+        if not is_url(path):
+            return open_file(path)
+        scheme = path.split("://", 1)[0].lower()
+        remote = self._remotes.get(scheme)
+        if remote is None:
+            remote = self._remotes.setdefault(scheme, Remote(path, **self.settings))
+        return open_file(path, remote)
 
     def held(self) -> list[int]:
         """The chunks in memory now, least recently used first."""
@@ -221,8 +252,10 @@ class Chunks(View):
         """The files' basenames in order, their sizes (local files), the lengths when given and the
         reader, for lazyseq.fingerprint: O(files) stats, no chunk read."""
         given = self._given_lengths
-        return {"paths": [os.path.basename(os.fspath(p)) for p in self.paths],
-                "bytes": [file_identity(os.fspath(p))["bytes"] for p in self.paths],
+        local = [not is_url(p) for p in self.paths]  # a URL: its name without secrets, no request
+        return {"paths": [os.path.basename(os.fspath(p) if here else urlsplit(redact(p)).path)
+                          for p, here in zip(self.paths, local)],
+                "bytes": [file_identity(os.fspath(p))["bytes"] if here else None for p, here in zip(self.paths, local)],
                 "lengths": list(self._lens) if given else None, "read": fname(self.read)}
 
     def describe(self) -> str:
@@ -230,7 +263,9 @@ class Chunks(View):
 
 
 def chunks(paths: Sequence, read: Callable[[Any], Sequence], lengths: Sequence[int] | None = None,
-           cache: int = 2) -> View:
+           cache: int = 2, *, as_file: bool = False, storage_options: dict | None = None,
+           block_cache: int = 64 * 2**20, cache_dir: str | os.PathLike | None = None,
+           cache_dir_bytes: int | None = None, timeout: float = 30.0) -> View:
     """The samples of many chunk files as one flat sequence; ``read(path)`` returns a chunk's samples.
 
     At most ``cache`` chunks are in memory (the least recently used goes first; a chunk being
@@ -241,6 +276,13 @@ def chunks(paths: Sequence, read: Callable[[Any], Sequence], lengths: Sequence[i
     after the first starts, for :func:`block_shuffle`) give the layout. A copy (a pickle sent to
     a worker, a forked worker) starts with an empty cache: each process holds its own chunks.
 
+    ``as_file=True``: ``read(f)`` receives the chunk's file, open, binary and seekable, for a local
+    path or any fsspec URL alike (``np.load``, ``pickle.load``, pyarrow take it unchanged), closed
+    when ``read`` returns or raises (so ``read`` keeps nothing that reads it later). A URL's file
+    reads by ranges (a small file: one HEAD and one GET); ``storage_options``, ``block_cache``,
+    ``cache_dir`` (whole files kept on local disk, at most ``cache_dir_bytes``), ``timeout`` are
+    :func:`lazyseq.load`'s, and apply only with ``as_file``. See docs/remote.md.
+
     >>> import lazyseq
     >>> files = {'a': [0, 1, 2], 'b': [3, 4], 'c': [5, 6, 7, 8]}
     >>> data = lazyseq.chunks(['a', 'b', 'c'], files.__getitem__, cache=1)
@@ -249,7 +291,11 @@ def chunks(paths: Sequence, read: Callable[[Any], Sequence], lengths: Sequence[i
     >>> data.held()  # chunk 2 was read last while counting; chunk 1 replaced it
     [1]
     """
-    return Chunks(paths, read, lengths, cache)
+    settings = {k: v for k, v, default in (("storage_options", storage_options, None),
+                                           ("block_cache", block_cache, 64 * 2**20), ("cache_dir", cache_dir, None),
+                                           ("cache_dir_bytes", cache_dir_bytes, None), ("timeout", timeout, 30.0))
+                if v != default}
+    return Chunks(paths, read, lengths, cache, as_file, settings)
 
 
 # -- block_shuffle ---------------------------------------------------------------------------------
