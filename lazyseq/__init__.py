@@ -13,6 +13,7 @@ from .errors import (
     PrefetchClosed,
     PrefetchTimeout,
     RemoteReadError,
+    RemoteWriteError,
     ResumeMismatch,
     StoreError,
     WorkerCrashed,
@@ -41,7 +42,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DataLoader", "default_collate", "to_tensor",
-    "Store", "StoreError", "RemoteReadError", "load", "save", "fingerprint", "ResumeMismatch",
+    "Store", "StoreError", "RemoteReadError", "RemoteWriteError", "load", "save", "fingerprint", "ResumeMismatch",
     "EvaluationError", "Pad", "PrefetchClosed", "PrefetchTimeout", "View", "WorkerCrashed",
     "WorkerStartError", "add_cache", "arange", "batch", "case", "collate", "concatenate", "cycle", "empty",
     "empty_like", "gather", "instrument", "interleave", "prefetch", "repeat", "seterr", "shard", "shuffle",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["EvaluationError", "PrefetchClosed", "PrefetchTimeout", "RemoteReadError", "ResumeMismatch", "StoreError",
-           "WorkerCrashed",
+__all__ = ["EvaluationError", "PrefetchClosed", "PrefetchTimeout", "RemoteReadError", "RemoteWriteError", "ResumeMismatch",
+           "StoreError", "WorkerCrashed",
            "WorkerStartError", "seterr", "wrap_error", "raised"]
 
 
@@ -73,6 +73,19 @@ class RemoteReadError(OSError):
         new = type(self)(f"{self.args[0]} (reading {what})", self.url, self.range)
         new.__cause__ = self.__cause__
         return new
+
+
+class RemoteWriteError(OSError):
+    """A write to object storage (an upload, a small object, a deletion, a listing) failed after
+    its retries, or cannot succeed (access denied). The message names the URL without its user
+    info and query string, and what was being written; ``url`` (redacted) says the same for code."""
+
+    def __init__(self, message: str, url: str = ""):
+        super().__init__(message)
+        self.url = url
+
+    def __reduce__(self):
+        return (type(self), (self.args[0] if self.args else "", self.url))
 
 
 class WorkerCrashed(NotWrapped, RuntimeError):

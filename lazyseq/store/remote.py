@@ -94,7 +94,13 @@ def remote_manifest(remote: Remote) -> dict:
     try:
         text = remote.read_whole(url, MANIFEST_LIMIT, "manifest")
     except FileNotFoundError:
-        raise FileNotFoundError(f"lazyseq.load: there is no store at {remote.shown}: it has no {fmt.MANIFEST}") from None
+        hint = ""
+        try:  # one request, on this error path only: the job file a save leaves until it ends
+            remote.info(f"{remote.url}/.lazyseq-partial/{fmt.JOB}")
+            hint = f"; an interrupted save is in {remote.shown}/.lazyseq-partial: run the same lazyseq.save again to finish it"
+        except OSError:
+            pass
+        raise FileNotFoundError(f"lazyseq.load: there is no store at {remote.shown}: it has no {fmt.MANIFEST}{hint}") from None
     try:
         m = json.loads(text)
     except (ValueError, RecursionError) as e:  # RecursionError: JSON nested too deep

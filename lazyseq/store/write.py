@@ -3,7 +3,8 @@
 The work is a view (:class:`ShardWriter`) whose item ``k`` evaluates the items of shard ``k``,
 writes the shard file and its record, and returns the record; ``save`` reads it through
 ``lazyseq.prefetch``, so only the records reach the caller. The shards are written in a sibling
-directory ``.NAME.lazyseq-partial`` that becomes ``NAME`` when the manifest is written.
+directory ``.NAME.lazyseq-partial`` that becomes ``NAME`` when the manifest is written. A URL:
+:mod:`.upload` (the same writer, its shards uploaded in place; a lock object: :mod:`.lease`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 from .. import tree
 from ..base import View
 from ..errors import EvaluationError, WorkerCrashed, wrap_error
+from ..files import RemoteWriteError, is_url, local_path
 from ..fingerprints import NotResumable, difference
 from ..fingerprints import fingerprint as pipeline_fingerprint
 from ..helpers import span, usable_cores
@@ -37,10 +39,13 @@ class ShardWriter(View):
     """Item ``k``: shard ``k`` of ``seq`` evaluated and written under ``root``; its record."""
 
     def __init__(self, seq: Any, root: str, n: int, per_shard: int, first: tuple, allow_pickle: bool,
-                 resumed_for: str | None = None):
+                 resumed_for: str | None = None, sink: Any = None):
         self.src, self.root, self.n, self.per_shard = seq, root, n, per_shard
         self.first, self.allow_pickle = first, allow_pickle  # item 0's (structure, fields)
         self.resumed_for = resumed_for  # the destination, when the schema is an interrupted job's
+        # Where shards go when not into files under root (save to a URL: upload.Uploader, whose
+        # `kept` holds the records of the shards an earlier run uploaded, checked by the parent).
+        self.sink = sink
 
     def _len(self) -> int:
         return -(-self.n // self.per_shard)
@@ -56,7 +61,7 @@ class ShardWriter(View):
 
     def _get(self, k: int) -> dict:
         r = self._range(k)
-        rec = finished(self.root, k, r)
+        rec = finished(self.root, k, r) if self.sink is None else self.sink.kept.get(k)
         if rec is not None:
             return {**rec, "resumed": True}
         fields = self.first[1]
@@ -76,6 +81,8 @@ class ShardWriter(View):
                 raise fmt.SchemaError(f"items 0 and {i} have different structures: {why}")
             for col, leaf in zip(cols, tree.leaves(x)):
                 col.append(leaf)
+        if self.sink is not None:
+            return self.sink.write(k, r, fields, cols)
         # Prefetch may run a shard twice (a job that looks stuck goes to a second worker): each
         # attempt writes its own file, so a record always matches the data it names.
         name = fmt.shard_name(k, uuid.uuid4().hex[:8])
@@ -158,19 +165,41 @@ def _other_job(root: str, dest: str, why: str) -> OtherJob:
                     f"to save this job to {dest} instead, pass overwrite=True or delete that directory")
 
 
-def _prepare(root: str, seq: Any, n: int, shard_bytes: int, allow_pickle: bool, fingerprint: Any,
+class Folder:
+    """The partial directory of a local save, as :func:`_prepare` uses it (a URL's: upload.Area)."""
+
+    def __init__(self, root: str):
+        self.root = self.where = root
+
+    def read_job(self) -> Any:
+        """The job file's content; None if there is none, ``{}`` if it cannot be read."""
+        try:
+            return fmt.read_json(os.path.join(self.root, fmt.PROGRESS, fmt.JOB), "the job file")
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return {}
+
+    def write_job(self, job: dict) -> None:
+        fmt.write_json_atomic(os.path.join(self.root, fmt.PROGRESS, fmt.JOB), job)
+
+    def discard(self) -> None:
+        """Another job's shards and records: start afresh, keeping the lock."""
+        for name in os.listdir(self.root):
+            if name != fmt.PROGRESS:
+                os.remove(os.path.join(self.root, name))
+        for name in os.listdir(os.path.join(self.root, fmt.PROGRESS)):
+            if name != "lock":
+                os.remove(os.path.join(self.root, fmt.PROGRESS, name))
+
+
+def _prepare(area: Any, seq: Any, n: int, shard_bytes: int, allow_pickle: bool, fingerprint: Any,
              overwrite: bool, dest: str) -> tuple[tuple, int, bool]:
     """Item 0's schema, the items per shard, and whether they are an interrupted job's. An interrupted
     job with the same length and fingerprint is resumed from its job file, evaluating no item (its
     shards check each item against the schema as they write it); another is refused, or discarded
-    with ``overwrite=True``."""
-    path = os.path.join(root, fmt.PROGRESS, fmt.JOB)
-    try:
-        old = fmt.read_json(path, "the job file")
-    except FileNotFoundError:
-        old = None
-    except OSError:
-        old = {}
+    with ``overwrite=True``. ``area``: where the job file is (a :class:`Folder`, or upload.Area)."""
+    old = area.read_job()
     same = {"format": fmt.FORMAT, "version": fmt.VERSION, "length": n, "fingerprint": fingerprint}
     if isinstance(old, dict):
         diff = [k for k, v in same.items() if old.get(k) != v]
@@ -185,14 +214,9 @@ def _prepare(root: str, seq: Any, n: int, shard_bytes: int, allow_pickle: bool, 
             if isinstance(old, dict) and diff == ["fingerprint"] and isinstance(old["fingerprint"], dict) \
                     and isinstance(fingerprint, dict):  # both lazyseq's: say what changed in the pipeline
                 what = f"its pipeline differs: {difference(old['fingerprint'], fingerprint)}"
-            raise _other_job(root, dest, what)
-        for name in os.listdir(root):  # another job's shards: start afresh, keeping the lock
-            if name != fmt.PROGRESS:
-                os.remove(os.path.join(root, name))
-        for name in os.listdir(os.path.join(root, fmt.PROGRESS)):
-            if name != "lock":
-                os.remove(os.path.join(root, fmt.PROGRESS, name))
-    fmt.write_json_atomic(path, {**same, "structure": ref[0], "fields": ref[1], "per_shard": per_shard})
+            raise _other_job(area.where, dest, what)
+        area.discard()
+    area.write_job({**same, "structure": ref[0], "fields": ref[1], "per_shard": per_shard})
     return ref, per_shard, False
 
 
@@ -264,6 +288,9 @@ def _run(writer: ShardWriter, nworkers: int, method: str, bar: Any, kept: Collec
         cause = e.__cause__
         if isinstance(cause, (fmt.SchemaError, OtherJob)):  # raised as it is: it names the items
             raise type(cause)(str(cause)) from None
+        if isinstance(cause, RemoteWriteError):  # it names the shard and the URL: a failed upload, not an item
+            raise RemoteWriteError(f"lazyseq.save: {cause}; the shards uploaded so far are kept: run the same save again "
+                                   "to resume", cause.url) from None
         notes = getattr(e, "__notes__", [])
         while notes and any(notes[-1].endswith(f" of {d}") for d in ours):  # the user's pipeline's notes stay
             notes.pop()
@@ -276,7 +303,9 @@ def _run(writer: ShardWriter, nworkers: int, method: str, bar: Any, kept: Collec
 
 def save(seq: Any, path: str | os.PathLike, *, nworkers: int = 0, method: str = "process",
          shard_bytes: int = 256 * 2**20, overwrite: bool = False, progress: bool | None = None,
-         allow_pickle: bool = False, fingerprint: Any = None) -> None:
+         allow_pickle: bool = False, fingerprint: Any = None, storage_options: dict | None = None,
+         block_cache: int = 64 * 2**20, cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int | None = None,
+         timeout: float = 30.0) -> None:
     """Evaluate every item of the finite sequence ``seq`` and write them to the directory ``path``.
 
     Read it back with :func:`lazyseq.load`. Items are nested tuples, lists, dicts and namedtuples
@@ -299,6 +328,16 @@ def save(seq: Any, path: str | os.PathLike, *, nworkers: int = 0, method: str = 
     An interrupted save (Ctrl-C, a killed worker, an item that raises: :class:`EvaluationError`)
     resumes when run again: the shards already written are checked and kept.
 
+    ``path`` may be a URL of writable object storage (``s3://bucket/train``, ``gs://...``,
+    ``memory://`` with threads; ``https://`` is read-only and refused): each worker writes its
+    shard to a local temporary file and uploads it under a name of its own, the manifest is
+    written last (one PUT), and with ``overwrite=True`` the old store's shards are deleted only
+    after it; a lock object with a lease refuses a second save to the same URL while one runs.
+    ``storage_options`` go to fsspec (credentials, endpoint; never shown in a message);
+    ``timeout``: the seconds a write may take, retries included (an upload: ``timeout`` more per
+    32 MiB). ``block_cache``, ``cache_dir`` and ``cache_dir_bytes`` apply to reads
+    (:func:`lazyseq.load`) and are accepted here for symmetry. See docs/remote.md.
+
     >>> import lazyseq, tempfile, os
     >>> d = tempfile.mkdtemp()
     >>> lazyseq.save([{'x': np.arange(3) * i, 'y': str(i)} for i in range(5)], os.path.join(d, 's'), method='thread')
@@ -309,49 +348,36 @@ def save(seq: Any, path: str | os.PathLike, *, nworkers: int = 0, method: str = 
         raise ValueError(f"lazyseq.save: method must be 'thread', 'process' or 'ray', got {method!r}")
     if shard_bytes < 1:
         raise ValueError(f"lazyseq.save: shard_bytes must be >= 1, got {shard_bytes}")
-    n = length(seq)
-    if n is None:
-        raise TypeError("lazyseq.save: the sequence must be finite, with a len()")
-    dest = os.path.abspath(os.fspath(path))
+    if is_url(path):
+        from .upload import save_url  # fsspec is imported only for a URL
+
+        return save_url(seq, str(path), nworkers=nworkers, method=method, shard_bytes=shard_bytes, overwrite=overwrite,
+                        progress=progress, allow_pickle=allow_pickle, fingerprint=fingerprint,
+                        storage_options=storage_options, timeout=timeout)
+    n = _length(seq)
+    dest = local_path(path)
     _check_dest(dest, overwrite)
     root = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.lazyseq-partial")
     with _locked(root):
-        if fingerprint is None:  # the pipeline's, functions digested by their code: an edited item function refuses
-            try:
-                fingerprint = pipeline_fingerprint(seq, code=True)
-            except NotResumable:
-                fingerprint = None  # (an iterator in the pipeline: only length and structure are checked)
-        ref, per_shard, resumed = _prepare(root, seq, n, shard_bytes, allow_pickle, fingerprint, overwrite, dest)
+        fingerprint = _default_fingerprint(seq, fingerprint)
+        ref, per_shard, resumed = _prepare(Folder(root), seq, n, shard_bytes, allow_pickle, fingerprint, overwrite, dest)
         for d in (root, os.path.join(root, fmt.PROGRESS)):  # what a killed writer left half written
             for name in os.listdir(d):
                 if name.endswith(".tmp"):
                     os.remove(os.path.join(d, name))
         writer = ShardWriter(seq, root, n, per_shard, ref, allow_pickle, dest if resumed else None)
         kept: set[int] = set()
-        done = 0
         if resumed:  # the shards an earlier run finished: a record and a file of its size (checksums: as they are read)
-            runs: list[range] = []  # their items, consecutive shards joined
             for k in range(len(writer)):
                 try:
                     rec = fmt.read_json(os.path.join(root, fmt.PROGRESS, fmt.record_name(k)), "record")
-                    if os.path.getsize(os.path.join(root, rec["file"])) != rec["bytes"]:
-                        continue
+                    if os.path.getsize(os.path.join(root, rec["file"])) == rec["bytes"]:
+                        kept.add(k)
                 except (OSError, KeyError, TypeError):
                     continue
-                kept.add(k)
-                r = writer._range(k)
-                runs[-1:] = [range(runs[-1].start, r.stop)] if runs and runs[-1].stop == r.start else [*runs[-1:], r]
-            done = sum(map(len, runs))
-            if progress is not False:
-                print(f"lazyseq.save: resuming {dest}: kept {len(kept)} of {len(writer)} shards finished before "
-                      f"(items {', '.join(f'{r[0]}-{r[-1]}' if len(r) > 1 else f'{r[0]}' for r in runs) or 'none'}: "
-                      f"{done} of {n}); writing the rest", file=sys.stderr)
+        done = resume_note(writer, kept, dest, progress) if resumed else 0
         records = _run(writer, nworkers, method, _progress_bar(progress, n, dest, done), kept) if n else []
-        for rec in records:
-            rec.pop("resumed", None)
-        manifest = {"format": fmt.FORMAT, "version": fmt.VERSION, "length": n, "per_shard": per_shard,
-                    "structure": ref[0], "fields": _summary(ref[1], records), "fingerprint": fingerprint,
-                    "shards": records}
+        manifest = make_manifest(n, per_shard, ref, fingerprint, records)
         keep = {r["file"] for r in records}
         for name in os.listdir(root):  # other attempts at a shard, and shards of an earlier layout
             if (name.endswith(".bin") and name not in keep) or name.endswith(".tmp"):
@@ -359,6 +385,45 @@ def save(seq: Any, path: str | os.PathLike, *, nworkers: int = 0, method: str = 
         fmt.write_json_atomic(os.path.join(root, fmt.MANIFEST), manifest)
         _check_dest(dest, overwrite)  # another save may have finished there meanwhile
         _swap(root, dest)
+
+
+def _length(seq: Any) -> int:
+    n = length(seq)
+    if n is None:
+        raise TypeError("lazyseq.save: the sequence must be finite, with a len()")
+    return n
+
+
+def _default_fingerprint(seq: Any, fingerprint: Any) -> Any:
+    """The caller's fingerprint, or the pipeline's with functions digested by their code (an
+    edited item function refuses to resume)."""
+    if fingerprint is not None:
+        return fingerprint
+    try:
+        return pipeline_fingerprint(seq, code=True)
+    except NotResumable:
+        return None  # (an iterator in the pipeline: only length and structure are checked)
+
+
+def resume_note(writer: ShardWriter, kept: Collection[int], dest: str, progress: bool | None) -> int:
+    """Say on stderr which shards a resumed save keeps (unless ``progress=False``); their items."""
+    runs: list[range] = []  # their items, consecutive shards joined
+    for k in sorted(kept):
+        r = writer._range(k)
+        runs[-1:] = [range(runs[-1].start, r.stop)] if runs and runs[-1].stop == r.start else [*runs[-1:], r]
+    done = sum(map(len, runs))
+    if progress is not False:
+        print(f"lazyseq.save: resuming {dest}: kept {len(kept)} of {len(writer)} shards finished before "
+              f"(items {', '.join(f'{r[0]}-{r[-1]}' if len(r) > 1 else f'{r[0]}' for r in runs) or 'none'}: "
+              f"{done} of {writer.n}); writing the rest", file=sys.stderr)
+    return done
+
+
+def make_manifest(n: int, per_shard: int, ref: tuple, fingerprint: Any, records: list[dict]) -> dict:
+    for rec in records:
+        rec.pop("resumed", None)
+    return {"format": fmt.FORMAT, "version": fmt.VERSION, "length": n, "per_shard": per_shard,
+            "structure": ref[0], "fields": _summary(ref[1], records), "fingerprint": fingerprint, "shards": records}
 
 
 def _summary(fields: list[dict], records: list[dict]) -> list[dict]:

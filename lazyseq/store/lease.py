@@ -1,0 +1,161 @@
+"""The lock of a save to a URL: the object ``<url>/.lazyseq-lock.json`` (an owner id, the host, the
+pid, an expiry time), taken when a save starts, renewed by a thread every ``LEASE / 3`` seconds and
+deleted when the save ends, whether it succeeded or failed.
+
+Object storage has no locks, so this is a lease (docs/remote.md says what each step guarantees):
+
+- **Taking it**: one conditional PUT (``If-None-Match: *``: atomic on S3, GCS and ``memory://``;
+  a check then a write on file systems that cannot do it), then, after ``SETTLE`` seconds, one read
+  that must show this save's owner id (where the conditional PUT was not atomic, or was ignored by
+  the server, the later of two writes wins and the other save refuses).
+- **A lock that has expired** (its save was killed, or stalled longer than ``LEASE`` seconds) is
+  deleted, if a second read still shows the same expired lock, and taken as above.
+- **Renewing**: read (still ours?), then write a new expiry. A save that finds another owner's lock
+  (it stalled past its lease and was taken over) stops renewing, and :meth:`Lease.check`, called
+  right before the manifest is written, refuses: it never writes a manifest without its lock.
+- Expiry times are wall-clock (``time.time()``): the hosts' clocks must agree to within a
+  fraction of ``LEASE``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+from ..files import Remote, redact
+from ..files.writes import delete, put_bytes, read_small
+
+__all__ = ["Lease", "SaveLocked", "LEASE", "SETTLE", "LOCK"]
+
+LEASE = 60.0  # seconds a lock holds without renewal (tests shrink it)
+SETTLE = 0.5  # seconds between writing the lock and reading it back
+LOCK = ".lazyseq-lock.json"
+
+
+class SaveLocked(RuntimeError):
+    """Another save holds the lock of a URL, or took it over from this one."""
+
+
+def _when(t: Any) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(t)))
+    except (TypeError, ValueError, OverflowError):
+        return f"{t!r:.40}"
+
+
+def who(held: dict) -> str:
+    """The save that holds a lock, as a message names it."""
+    return f"a save on {str(held.get('host'))[:100]} (pid {held.get('pid')!r:.20}, started {_when(held.get('started'))})"
+
+
+class Lease:
+    """The lock of the store at ``remote``, held inside ``with`` (renewed by a thread)."""
+
+    def __init__(self, remote: Remote, quiet: bool = False, seconds: float | None = None):
+        self.remote, self.quiet = remote, quiet
+        self.url, self.seconds = f"{remote.url}/{LOCK}", float(seconds or LEASE)
+        self.shown = redact(self.url)
+        self.owner, self.started = uuid.uuid4().hex, time.time()
+        self.lost: dict | None = None  # the lock the renewing thread found in place of ours
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Lease:
+        self.acquire()
+        return self
+
+    def __exit__(self, kind: Any, *exc: Any) -> None:
+        try:
+            self.release()
+        except Exception:
+            if kind is None:  # the save succeeded: a lock left behind is worth an error
+                raise
+
+    def _body(self) -> bytes:
+        return json.dumps({"owner": self.owner, "host": socket.gethostname(), "pid": os.getpid(),
+                           "started": self.started, "expires": time.time() + self.seconds,
+                           "lease": self.seconds}).encode()
+
+    def read(self) -> dict | None:
+        """The lock now in place (``{}``: unreadable), None if there is none."""
+        raw = read_small(self.remote, self.url, "the lock")
+        if raw is None:
+            return None
+        try:
+            held = json.loads(raw)
+        except ValueError:
+            return {}
+        return held if isinstance(held, dict) else {}
+
+    def acquire(self) -> None:
+        """Take the lock (an expired one is taken over), or raise :class:`SaveLocked`."""
+        for _ in range(3):
+            try:
+                put_bytes(self.remote, self.url, self._body(), "the lock", create=True)
+                break
+            except FileExistsError:
+                pass
+            held = self.read()
+            if held is None:  # released in between
+                continue
+            self._refuse_unless_expired(held)
+            if self.read() == held:  # the same expired lock: no other save renewed or took it meanwhile
+                if not self.quiet:
+                    print(f"lazyseq.save: taking over the lock of {self.remote.shown}: {who(held)} held it until "
+                          f"{_when(held['expires'])} (it expired)", file=sys.stderr)
+                delete(self.remote, [self.url], "the expired lock")
+        else:
+            raise SaveLocked(f"lazyseq.save: another save is taking the lock {self.shown} at the same time; try again")
+        time.sleep(SETTLE)
+        held = self.read()
+        if held is None or held.get("owner") != self.owner:
+            raise SaveLocked(f"lazyseq.save: another save took the lock {self.shown} at the same time"
+                             f"{f' ({who(held)})' if held else ''}; this one stops before writing anything")
+        self._thread = threading.Thread(target=self._renew, name="lazyseq-save-lease", daemon=True)
+        self._thread.start()
+
+    def _refuse_unless_expired(self, held: dict) -> None:
+        expires = held.get("expires")
+        if not isinstance(expires, int | float):
+            raise SaveLocked(f"lazyseq.save: {self.shown} is a lock this lazyseq cannot read; if no save is writing "
+                             f"{self.remote.shown}, delete it and save again")
+        if expires >= time.time():
+            raise SaveLocked(f"lazyseq.save: another save is writing {self.remote.shown}: {who(held)} holds its lock "
+                             f"until {_when(expires)}, renewing it while it runs; wait for it or stop it (the lock of "
+                             f"a save that was killed expires {held.get('lease', self.seconds)} s after its last renewal)")
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.seconds / 3):
+            try:
+                held = self.read()
+                if held is None or held.get("owner") != self.owner:
+                    self.lost = held or {}
+                    return
+                put_bytes(self.remote, self.url, self._body(), "the lock")
+            except Exception:  # tried again next period: the lease outlasts two failed renewals
+                continue
+
+    def check(self) -> None:
+        """Raise :class:`SaveLocked` unless this save still holds the lock (right before its manifest)."""
+        held = self.lost if self.lost is not None else self.read()
+        if held is None or held.get("owner") != self.owner:
+            raise SaveLocked(f"lazyseq.save: lost the lock of {self.remote.shown}"
+                             f"{f' to {who(held)}' if held else ''}: another save took it over, as it may once a lock "
+                             f"is not renewed for {self.seconds:g} s (a stalled process or network); no manifest was "
+                             "written. The shards uploaded so far are kept: run the same save again to resume")
+
+    def release(self) -> None:
+        """Stop renewing, and delete the lock if it is still this save's."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        held = self.read()
+        if held is not None and held.get("owner") == self.owner:
+            delete(self.remote, [self.url], "the lock")
