@@ -27,7 +27,7 @@ from .urls import join, redact
 
 __all__ = ["Remote", "RemoteFile", "GAP", "MAX_REQUEST"]
 
-GAP = 256 * 1024  # neighbouring ranges closer than this go out as one request
+GAP = 64 * 1024  # neighbouring ranges closer than this go out as one request (more bytes, not more time)
 MAX_REQUEST = 16 * 2**20  # ... unless the joined request would be larger
 Request = tuple[str, int, int]  # (url, start, stop)
 

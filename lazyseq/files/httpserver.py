@@ -1,0 +1,333 @@
+"""A small local HTTP server of a directory's files, with Range requests and an optional latency:
+a small local server for notebooks, benchmarks and tests, **not for production** (no TLS, no
+authentication, 127.0.0.1 only, one thread per connection).
+
+It answers as an object store's HTTP endpoint does, so that :func:`lazyseq.load` (through fsspec)
+reads a saved store from it by byte ranges: ``GET`` with a single ``Range: bytes=a-b`` / ``a-`` /
+``-n`` gets 206 and ``Content-Range`` (416 when unsatisfiable), anything else the whole file (200);
+``HEAD`` gives the same headers (``Content-Length``, ``ETag``, ``Accept-Ranges: bytes``,
+``Last-Modified``). Connections are kept alive (HTTP/1.1), as a client's pool expects. Paths with
+``..``, absolute paths and symlinks leading out of the directory get 403, missing files 404.
+``latency`` seconds pass before each answer: a far-away store on one machine.
+
+``close()`` (or leaving the ``with`` block) stops the listener, closes the connections clients keep
+open and joins every thread the server started: nothing is left running.
+
+``python -m lazyseq.files.httpserver DIR [--latency SECONDS]`` serves DIR from a process of its own
+(a benchmark's server then takes none of the reader's CPU): it prints its URL, then answers each
+line read on standard input with the number of requests served so far, and stops at the end of
+its input or on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import email.utils
+import hashlib
+import html
+import os
+import re
+import socket
+import socketserver
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, BinaryIO, NamedTuple
+from urllib.parse import quote, unquote, urlsplit
+
+__all__ = ["serve", "RangeServer", "RangeHandler", "Request", "Connections", "main"]
+
+POLL = 0.05  # seconds between serve_forever's checks for shutdown(): close() takes that long, not its 0.5 s default
+
+
+def serve(directory: str | os.PathLike[str], latency: float = 0.0) -> RangeServer:
+    """Serve the files under ``directory`` at ``server.url`` (``http://127.0.0.1:PORT``), each answer
+    ``latency`` seconds late; use it in a ``with`` block, or call ``close()``.
+
+    >>> import pathlib, tempfile, urllib.request
+    >>> root = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (root / 'a.bin').write_bytes(bytes(range(10)))
+    >>> with serve(root, latency=0.01) as server:
+    ...     ask = urllib.request.Request(server.url + '/a.bin', headers={'Range': 'bytes=2-4'})
+    ...     with urllib.request.urlopen(ask) as r:
+    ...         print(r.status, r.headers['Content-Range'], r.read())
+    ...     print(server.requests)
+    206 bytes 2-4/10 b'\\x02\\x03\\x04'
+    [Request(method='GET', path='/a.bin', range='bytes=2-4')]
+    """
+    return RangeServer(directory, latency=latency)
+
+
+class Connections(socketserver.ThreadingMixIn):
+    """A threading server that remembers each open connection and its thread, so that :meth:`drop_all`
+    can close them: a keep-alive connection otherwise holds its thread in ``recv`` until the client
+    closes it, which may be never."""
+
+    daemon_threads = True
+    thread_name = "server-conn"  # the connection threads' name, followed by the port
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._open: dict[threading.Thread, socket.socket] = {}
+        self._open_lock = threading.Lock()
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        t = threading.Thread(target=self.process_request_thread, args=(request, client_address),
+                             name=f"{self.thread_name}:{self.server_address[1]}", daemon=True)
+        with self._open_lock:
+            self._open[t] = request
+        t.start()
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._open_lock:
+                self._open.pop(threading.current_thread(), None)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that goes away mid-answer is no error here
+            super().handle_error(request, client_address)  # type: ignore[misc]
+
+    def drop_all(self, timeout: float = 5.0) -> None:
+        """Closes every open connection (the client sees EOF) and joins the threads serving them."""
+        with self._open_lock:
+            conns = list(self._open.items())
+        for _, sock in conns:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by its handler
+        for t, _ in conns:
+            t.join(timeout)
+
+
+class Request(NamedTuple):
+    """One request a :class:`RangeServer` saw: its method, its path (with the query) and its Range header."""
+
+    method: str
+    path: str
+    range: str | None
+
+
+class _HTTPServer(Connections, ThreadingHTTPServer):
+    thread_name = "RangeServer-conn"
+    # the listen backlog: socketserver's 5 overflows when a client opens dozens of connections at once
+    # (32 prefetch threads), and each connection refused that way waits for a SYN retry (1 s)
+    request_queue_size = 128
+    owner: RangeServer
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | bool | None:
+    """The inclusive span a single ``bytes=`` range asks for; None: no usable Range (answer the whole file:
+    RFC 9110 has a server ignore a Range it does not understand, multiple ranges included); False: unsatisfiable.
+
+    >>> parse_range('bytes=2-4', 10), parse_range('bytes=-3', 10), parse_range('bytes=10-', 10), parse_range('x', 10)
+    ((2, 4), (7, 9), False, None)
+    """
+    m = re.fullmatch(r"bytes=(\d*)-(\d*)", (header or "").strip())
+    if not m or not any(m.groups()) or (m[1] and m[2] and int(m[2]) < int(m[1])):
+        return None
+    if not m[1]:  # a suffix: the last n bytes
+        return (max(size - int(m[2]), 0), size - 1) if int(m[2]) and size else False
+    a = int(m[1])
+    return (a, min(int(m[2] or size - 1), size - 1)) if a < size else False
+
+
+class RangeHandler(BaseHTTPRequestHandler):
+    """Answers one connection's requests for :class:`RangeServer`. Hooks for a subclass (tests/servers.py
+    injects faults through them): :meth:`answer_first` and :meth:`write_body`."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive: every answer has a Content-Length
+    # TCP_NODELAY: the headers and the body go out as two writes; with Nagle's algorithm the body
+    # waits for the client's delayed ACK of the headers (40 ms on Linux) on every answer
+    disable_nagle_algorithm = True
+    server: _HTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # quiet: RangeServer.requests records what came in
+
+    def do_GET(self) -> None:
+        self._answer(body=True)
+
+    def do_HEAD(self) -> None:
+        self._answer(body=False)
+
+    def send(self, status: int, headers: dict[str, str], payload: bytes = b"", body: bool = True) -> None:
+        """An answer: ``status``, ``headers`` (Content-Length: ``payload``'s unless given), ``payload`` if ``body``."""
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        if "Content-Length" not in headers:
+            self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        if body and payload:
+            self.wfile.write(payload)
+
+    def answer_first(self, req: Request, body: bool) -> bool:
+        """A hook: answer ``req`` before its file is looked up (true: answered). Here: never."""
+        return False
+
+    def write_body(self, f: BinaryIO, n: int) -> None:
+        """A hook: send ``n`` bytes of ``f`` from where it stands (the headers are sent)."""
+        while n > 0:
+            chunk = f.read(min(n, 1 << 20))
+            if not chunk:
+                break
+            self.wfile.write(chunk)
+            n -= len(chunk)
+
+    def _answer(self, body: bool) -> None:
+        owner = self.server.owner
+        req = Request(self.command, self.path, self.headers.get("Range"))
+        stall = owner._on_request(req, self)
+        if stall and owner._closing.wait(stall):
+            self.close_connection = True  # closing: no answer
+            return
+        if self.answer_first(req, body):
+            return
+        path = owner._resolve(unquote(urlsplit(self.path).path))
+        if isinstance(path, int):
+            return self.send(path, {"Content-Type": "text/plain"}, f"{path}\n".encode(), body)
+        if path.is_dir():
+            if not owner.listing:
+                return self.send(404, {"Content-Type": "text/plain"}, b"404\n", body)
+            names = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
+            page = "".join(f'<a href="{quote(n)}">{html.escape(n)}</a>\n' for n in names).encode()
+            return self.send(200, {"Content-Type": "text/html"}, page, body)
+        try:
+            f = open(path, "rb")  # closed by the with below
+        except OSError:  # removed since _resolve looked
+            return self.send(404, {"Content-Type": "text/plain"}, b"404\n", body)
+        with f:
+            self._send_file(f, req.range, body)
+
+    def _send_file(self, f: BinaryIO, rng: str | None, body: bool) -> None:
+        st = os.fstat(f.fileno())
+        size = st.st_size
+        span = parse_range(rng, size)
+        meta = {"Accept-Ranges": "bytes", "ETag": RangeServer.etag_of(st), "Content-Type": "application/octet-stream",
+                "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True)}
+        if span is False:
+            return self.send(416, {**meta, "Content-Range": f"bytes */{size}"}, body=body)
+        a, b = span or (0, size - 1)
+        status, n = (206, b - a + 1) if span else (200, size)
+        if span:
+            meta["Content-Range"] = f"bytes {a}-{b}/{size}"
+        self.send(status, {**meta, "Content-Length": str(n)}, body=False)
+        if body:
+            f.seek(a)
+            self.write_body(f, n)
+
+
+class RangeServer:
+    """Serves the files under ``root`` (read-only) at :attr:`url`; see the module's docstring and
+    :func:`serve`. ``listing``: a directory answers an HTML index of ``<a href>`` links (as fsspec's
+    HTTP ``ls`` reads) rather than 404. :attr:`latency` may be set while requests are served."""
+
+    handler: type[RangeHandler] = RangeHandler  # a subclass's own handler (its hooks)
+
+    def __init__(self, root: str | os.PathLike[str], *, latency: float = 0.0, listing: bool = False) -> None:
+        self.root = Path(root).resolve()
+        self.listing = listing
+        self._lock = threading.Lock()
+        self._latency = float(latency)
+        self._requests: list[Request] = []
+        self._closing = threading.Event()  # cuts short the latencies of requests in flight on close()
+        self._httpd = _HTTPServer(("127.0.0.1", 0), self.handler)
+        self._httpd.owner = self
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(POLL,), name=f"RangeServer:{self.port}",
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT`` (no trailing slash): a file ``root/a/b`` is ``f"{url}/a/b"``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def latency(self) -> float:
+        """Seconds each request waits before it is answered: a far-away store."""
+        with self._lock:
+            return self._latency
+
+    @latency.setter
+    def latency(self, seconds: float) -> None:
+        with self._lock:
+            self._latency = float(seconds)
+
+    @property
+    def requests(self) -> list[Request]:
+        """The requests seen since the start or the last :meth:`reset_counts`, in arrival order (a copy)."""
+        with self._lock:
+            return list(self._requests)
+
+    def reset_counts(self) -> None:
+        with self._lock:
+            self._requests.clear()
+
+    @staticmethod
+    def etag_of(st: os.stat_result) -> str:
+        """The ETag the server gives a file of this stat: a quoted hash of its size and mtime_ns."""
+        return '"' + hashlib.sha1(f"{st.st_size}-{st.st_mtime_ns}".encode()).hexdigest()[:20] + '"'
+
+    def _on_request(self, req: Request, handler: RangeHandler) -> float:
+        """A hook, called as each request arrives: records it; the seconds it waits before its answer."""
+        with self._lock:
+            self._requests.append(req)
+            return self._latency
+
+    def _resolve(self, url_path: str) -> Path | int:
+        """The file a URL path names under root, or the status that refuses it (403 outside root, 404 missing)."""
+        rel = url_path[1:] if url_path.startswith("/") else url_path
+        if rel.startswith("/") or "\\" in rel or "\0" in rel or ".." in rel.split("/"):
+            return 403
+        path = (self.root / rel).resolve()
+        if path != self.root and self.root not in path.parents:
+            return 403  # a symlink leading out of root
+        return path if path.exists() else 404
+
+    def close(self) -> None:
+        """Stops serving, closes the open connections and joins every thread the server started."""
+        self._closing.set()
+        self._httpd.shutdown()
+        self._thread.join()
+        self._httpd.drop_all()
+        self._httpd.server_close()
+
+    def __enter__(self) -> RangeServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RangeServer({str(self.root)!r} at {self.url}, latency={self.latency:g} s)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m lazyseq.files.httpserver DIR [--latency SECONDS]``: see the module's docstring."""
+    ap = argparse.ArgumentParser(prog="python -m lazyseq.files.httpserver", description="Serve DIR over HTTP with "
+                                 "Range requests on 127.0.0.1 (for notebooks, benchmarks and tests: not for production)")
+    ap.add_argument("directory", metavar="DIR")
+    ap.add_argument("--latency", type=float, default=0.0, metavar="SECONDS", help="wait before each answer")
+    args = ap.parse_args(argv)
+    if not os.path.isdir(args.directory):
+        ap.error(f"{args.directory} is not a directory")
+    with serve(args.directory, args.latency) as server:
+        print(server.url, flush=True)
+        try:
+            for _ in sys.stdin:
+                print(len(server.requests), flush=True)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
