@@ -340,3 +340,77 @@ def test_forked_child_reads_with_its_own_connections(http_files, saved):
     ok = q.get(timeout=30)
     p.join(10)
     assert ok and p.exitcode == 0
+
+
+# -- what the review of the first version found ---------------------------------------------------------
+def test_a_server_that_ignores_ranges_fails_at_once_without_reading_the_object(saved, tmp_path):
+    from lazyseq.files.httpserver import RangeHandler, RangeServer
+
+    class Whole(RangeHandler):
+        def _send_file(self, f, rng, body):  # answers every GET with the whole file (200)
+            return super()._send_file(f, None, body)
+
+    class Ignoring(RangeServer):
+        handler = Whole
+
+    shutil.copytree(saved, tmp_path / "www" / "train")
+    with Ignoring(tmp_path / "www") as server:
+        with pytest.raises(lazyseq.RemoteReadError, match="ignores Range requests") as e:
+            lazyseq.load(f"{server.url}/train", timeout=5)
+        assert "tries" not in str(e.value)  # not retried: each try would bring the whole object again
+        assert len([r for r in server.requests if r.method == "GET"]) == 1
+
+
+def test_errors_no_retry_can_mend_fail_at_once(tmp_path):
+    for url in ("zzz://bucket/train", "s3://"):
+        with pytest.raises((OSError, ValueError)) as e:
+            lazyseq.load(url, timeout=30)
+        assert "tries" not in str(e.value)
+
+
+def test_secrets_not_kept_in_exception_chains_nor_logged(http_files, caplog):
+    import logging
+
+    url = http_files.url.replace("http://", "http://alice:SECRETPW@") + "/nope?X-Amz-Signature=SECRETSIG"
+    with caplog.at_level(logging.DEBUG):
+        with pytest.raises(FileNotFoundError) as e:
+            lazyseq.load(url, timeout=2)
+    chain, err = [], e.value
+    while err is not None and len(chain) < 20:
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    text = "".join(repr(x) + str(x) + repr(getattr(x, "request_info", "")) for x in chain)
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    for secret in ("SECRETPW", "SECRETSIG"):
+        assert secret not in text and secret not in logged
+
+
+def test_fork_while_the_parent_holds_the_stores_locks(http_files, saved):
+    import multiprocessing
+
+    store = lazyseq.load(_http(http_files, saved))
+    want = lazyseq.load(saved)[2 * store.per_shard + 1]
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+
+    def child():
+        q.put(_same(want, store[2 * store.per_shard + 1]))
+
+    with store._lock, store.remote._lock, store.remote.cache._lock:  # as a thread of the parent may at a fork
+        p = ctx.Process(target=child)
+        p.start()
+    ok = q.get(timeout=30)
+    p.join(10)
+    assert ok and p.exitcode == 0
+
+
+def test_timeout_bounds_each_request_not_a_whole_bulk_read(http_files):
+    from lazyseq.files import Remote
+
+    data = np.random.default_rng(0).integers(0, 256, 300 * 100_000, dtype=np.uint8).tobytes()
+    (http_files.root / "big").write_bytes(data)
+    remote = Remote(http_files.url, block_cache=0, timeout=0.5)
+    url = remote.join("big")
+    http_files.latency = 0.2  # 300 far-apart ranges: several rounds of the connection pool, > 0.5 s in all
+    got = remote.read_ranges([(url, k * 100_000, k * 100_000 + 10) for k in range(300)])
+    assert got == [data[k * 100_000 : k * 100_000 + 10] for k in range(300)]

@@ -64,7 +64,10 @@ class DiskCache:
 
     def _download(self, url: str, size: int, path: str) -> None:
         part = path + ".part"
-        with open(part, "wb") as f:
+        # O_NOFOLLOW: in a shared cache_dir, a link put in the entry's (predictable) place must not
+        # make this process write through it
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with os.fdopen(fd, "wb") as f:
             for start in range(0, size, CHUNK * PARALLEL):
                 stops = range(start, min(size, start + CHUNK * PARALLEL), CHUNK)
                 for blob in self.remote.read_ranges([(url, a, min(a + CHUNK, size)) for a in stops], cache=False):
@@ -116,6 +119,8 @@ class DiskCache:
                 with contextlib.suppress(OSError):
                     os.unlink(p)
                     total -= s
+                with contextlib.suppress(OSError):
+                    os.unlink(p + ".lock")
 
 
 def _size(path: str) -> int:

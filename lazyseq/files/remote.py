@@ -15,7 +15,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import os
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -23,7 +22,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..errors import RemoteReadError
-from .urls import join, redact
+from .connect import RedirectRefused, WrongLength, filesystem, http_ranges
+from .urls import ANY_URL, join, redact
 
 __all__ = ["Remote", "RemoteFile", "GAP", "MAX_REQUEST"]
 
@@ -32,27 +32,40 @@ MAX_REQUEST = 16 * 2**20  # ... unless the joined request would be larger
 Request = tuple[str, int, int]  # (url, start, stop)
 
 
-def _retryable(e: BaseException) -> bool:
-    """A failure that another try may not have: timeouts, lost connections, 5xx, throttling."""
-    if isinstance(e, FileNotFoundError | PermissionError | IsADirectoryError | NotADirectoryError | RedirectRefused):
-        return False
+_NETWORK = ("aiohttp", "botocore", "aiobotocore", "urllib3", "requests", "google", "gcsfs", "adlfs", "azure")
+
+
+def _status(e: BaseException) -> int | None:
+    """The HTTP status of a failed request: aiohttp's ``.status``, botocore's response metadata."""
     status = getattr(e, "status", None) or getattr(e, "code", None)
-    if isinstance(status, int) and 400 <= status < 500 and status not in (408, 425, 429):
+    if isinstance(status, int):
+        return status
+    meta = (getattr(e, "response", None) or {}) if isinstance(getattr(e, "response", None), dict) else {}
+    status = meta.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status if isinstance(status, int) else None
+
+
+def _retryable(e: BaseException) -> bool:
+    """A failure that another try may not have: timeouts, lost connections, 5xx, 408, 425, 429.
+    Not: a missing or forbidden object, a refused redirect, any other 4xx, a programming error
+    (an unknown protocol, a missing package, a TypeError)."""
+    final = FileNotFoundError | PermissionError | IsADirectoryError | NotADirectoryError | RedirectRefused | WrongLength
+    if isinstance(e, final):
         return False
-    return isinstance(e, Exception)
+    status = _status(e)
+    if status is not None and 400 <= status < 500:
+        return status in (408, 425, 429)
+    return isinstance(e, OSError | TimeoutError) or type(e).__module__.split(".")[0] in _NETWORK
 
 
 def _real(e: BaseException) -> BaseException:
     """The failure behind ``e``: fsspec's HTTP ``info()`` turns any failure of its HEAD and GET (a
-    503, a timeout, a refused redirect) into FileNotFoundError, the real one as its cause."""
+    503, a timeout, a refused redirect) into FileNotFoundError, the real one as its cause; s3fs
+    turns a missing bucket into one too (a 404: still missing)."""
     cause = e.__cause__
-    if isinstance(e, FileNotFoundError) and cause is not None and getattr(cause, "status", None) not in (404, 410):
+    if isinstance(e, FileNotFoundError) and cause is not None and _status(cause) not in (404, 410):
         return cause
     return e
-
-
-class RedirectRefused(ConnectionError):
-    """An HTTP server redirected a read to another host."""
 
 
 class RangeCache:
@@ -137,7 +150,7 @@ class Remote:
         if self._fs is None:
             with self._lock:
                 if self._fs is None:
-                    self._fs = _filesystem(self.url, self.options)
+                    self._fs = filesystem(self.url, self.options, self.timeout)
         return self._fs
 
     def join(self, name: str, what: str = "a file") -> str:
@@ -179,8 +192,8 @@ class Remote:
     def holding(self, requests: Sequence[Request]) -> Iterator[None]:
         """Fetch ``requests`` at once (neighbours joined, the rest concurrent) and serve reads inside
         them to this thread until the block ends, whatever the block cache keeps."""
-        cache = self.cache
         self._forked()
+        cache = self.cache
         segments = self._fetch_joined([r for r in requests if cache is None or cache.get(r) is None])
         stack = self._held.__dict__.setdefault("stack", [])
         stack.append(segments)
@@ -270,16 +283,18 @@ class Remote:
                     continue
                 if isinstance(r, BaseException):
                     r = _real(r)
+                elif len(r) > b - a:  # never retried: each try would bring the whole object again
+                    r = WrongLength(f"the server sent {len(r)} bytes for a range of {b - a}: it ignores Range "
+                                    "requests (a dataset's server must answer them)")
                 else:
-                    r = ConnectionError(f"the server sent {len(r)} bytes for a range of {b - a}"
-                                        f"{' (does it ignore Range requests?)' * (len(r) > b - a)}")
+                    r = ConnectionError(f"the server sent {len(r)} bytes for a range of {b - a} (a lost connection?)")
                 if not _retryable(r):
-                    raise self._failed(joined[k], r, tries)
+                    raise self._failed(joined[k], r, tries, start)
                 errors[k] = r
                 still.append(k)
             pending = still
             if pending and time.monotonic() - start + delay >= self.timeout:
-                raise self._failed(joined[pending[0]], errors[pending[0]], tries)
+                raise self._failed(joined[pending[0]], errors[pending[0]], tries, start)
             if pending:
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
@@ -291,9 +306,11 @@ class Remote:
     def _cat_ranges(self, reqs: list[list[Any]], timeout: float) -> list[Any]:
         fs = self.fs
         urls, starts, stops = [r[0] for r in reqs], [r[1] for r in reqs], [r[2] for r in reqs]
-        try:
+        try:  # each request is bounded by the socket timeouts set in connect.filesystem; this bounds the batch
+            if self.url.split("://", 1)[0].lower() in ("http", "https"):  # bodies read no further than asked
+                return http_ranges(fs, reqs, timeout + 4 * self.timeout)
             if getattr(fs, "async_impl", False):
-                return fs.cat_ranges(urls, starts, stops, on_error="return", timeout=timeout)
+                return fs.cat_ranges(urls, starts, stops, on_error="return", timeout=timeout + 4 * self.timeout)
             return fs.cat_ranges(urls, starts, stops, on_error="return")
         except Exception as e:  # the whole batch timed out or failed: each of its ranges failed so
             return [e] * len(reqs)
@@ -305,26 +322,26 @@ class Remote:
         start, delay, tries = time.monotonic(), 0.05, 0
         while True:
             tries += 1
+            failure = None
             try:
                 return fn()
-            except Exception as e:
-                e = _real(e)
-                if isinstance(e, FileNotFoundError):
-                    raise FileNotFoundError(f"{redact(url)} does not exist") from None
-                if not _retryable(e) or time.monotonic() - start + delay >= self.timeout:
-                    raise self._failed([url, *(rng or (None, None))], e, tries) from None
+            except Exception as e:  # raised below, outside this block: no __context__ keeps the library's
+                failure = _real(e)  # exception, whose text may hold the URL's secrets
+            if isinstance(failure, FileNotFoundError):
+                raise FileNotFoundError(f"{redact(url)} does not exist")
+            if not _retryable(failure) or time.monotonic() - start + delay >= self.timeout:
+                raise self._failed([url, *(rng or (None, None))], failure, tries, start)
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
 
-    def _failed(self, req: list[Any], e: BaseException, tries: int) -> RemoteReadError:
+    def _failed(self, req: list[Any], e: BaseException, tries: int, start: float) -> RemoteReadError:
         url, a, b = req
         what = f"bytes {a}-{b - 1} of " if a is not None and b > a else ""
         why = "it is missing" if isinstance(e, FileNotFoundError) else f"{type(e).__name__}: {_scrub(str(e), url)}"
-        after = f" after {tries} tries in {self.timeout:g} s" if _retryable(e) else ""
-        err = RemoteReadError(f"could not read {what}{redact(url)}{after}: {why}", redact(url),
-                              (a, b) if a is not None else None)
-        err.__cause__ = None
-        return err
+        after = (f" after {tries} tr{'ies' if tries > 1 else 'y'} in {time.monotonic() - start:.1f} s (timeout={self.timeout:g})"
+                 if _retryable(e) else "")
+        return RemoteReadError(f"could not read {what}{redact(url)}{after}: {why}", redact(url),
+                               (a, b) if a is not None else None)
 
 
 class RemoteFile:
@@ -359,42 +376,6 @@ class RemoteFile:
         return f"RemoteFile({redact(self.url)!r}, {self.size} bytes)"
 
 
-_ANY_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
-
-
 def _scrub(text: str, url: str) -> str:
     """An error's text without the secrets a library may have put in it (URLs with their query)."""
-    return _ANY_URL.sub(lambda m: redact(m.group(0)), text.replace(url, redact(url)))[:300]
-
-
-def _filesystem(url: str, options: dict) -> Any:
-    try:
-        import fsspec
-    except ImportError:
-        raise ImportError(f"reading {redact(url)} needs fsspec (and the package of its protocol, e.g. s3fs): "
-                          "pip install 'lazyseq[remote]'") from None
-    protocol = url.split("://", 1)[0].lower()
-    options = dict(options)
-    if protocol in ("http", "https"):
-        client = dict(options.get("client_kwargs") or {})
-        client["trace_configs"] = [*client.get("trace_configs", ()), _same_host_redirects()]
-        options["client_kwargs"] = client
-    return fsspec.filesystem(protocol, skip_instance_cache=True, **options)
-
-
-def _same_host_redirects() -> Any:
-    """An aiohttp trace that refuses a redirect to another host (a dataset's server must not send
-    its reader's requests, and their credentials, elsewhere)."""
-    import aiohttp
-
-    async def check(session: Any, ctx: Any, params: Any) -> None:
-        to = params.response.headers.get("Location", "")
-        target = params.response.url.join(aiohttp.client.URL(to)) if to else params.response.url
-        if (target.scheme, target.host, target.port) != (params.url.scheme, params.url.host, params.url.port):
-            raise RedirectRefused(f"the server redirected {redact(str(params.url))} to another host "
-                                  f"({target.scheme}://{target.host}): lazyseq does not follow redirects to another host; "
-                                  "use the final URL")
-
-    trace = aiohttp.TraceConfig()
-    trace.on_request_redirect.append(check)
-    return trace
+    return ANY_URL.sub(lambda m: redact(m.group(0)), text.replace(url, redact(url)))[:300]

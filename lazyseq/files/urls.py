@@ -11,8 +11,9 @@ import os
 import re
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["is_url", "local_path", "redact", "join", "PLAIN_NAME"]
+__all__ = ["is_url", "local_path", "redact", "join", "PLAIN_NAME", "ANY_URL"]
 
+ANY_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")  # a URL inside a text (a library's message)
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")  # no separator, no '..', '%', '?', '#', ':'
 

@@ -63,22 +63,23 @@ def _tries(remote: Remote, call: Callable[[dict], Any], url: str, what: str, ver
     while True:
         tries += 1
         left = window - (time.monotonic() - start)
+        failure = None
         try:
             return call({"timeout": max(left, 0.01)} if timed else {})
-        except FileExistsError:
-            raise FileExistsError(f"{redact(url)} exists") from None
-        except FileNotFoundError:  # (fsspec's HTTP hides other failures as this one: it is refused for saves)
+        except Exception as e:  # raised below, outside this block: no __context__ keeps the library's
+            failure = e  # exception, whose text may hold the URL's secrets
+        if isinstance(failure, FileExistsError):
+            raise FileExistsError(f"{redact(url)} exists")
+        if isinstance(failure, FileNotFoundError):  # (fsspec's HTTP hides other failures as this one: refused for saves)
             if verb in ("read", "list", "delete"):
-                raise FileNotFoundError(f"{redact(url)} does not exist") from None
-            raise error(f"could not {verb} {what} at {redact(url)}: its bucket (or parent) does not exist", redact(url)) \
-                from None
-        except Exception as e:
-            if not _retryable(e) or time.monotonic() - start + delay >= window:
-                after = f" after {tries} tr{'ies' if tries > 1 else 'y'} in {time.monotonic() - start:.3g} s" \
-                    if _retryable(e) else ""
-                why = _hide(str(e), remote, url) or ("no answer in time" if isinstance(e, TimeoutError) else "(no message)")
-                raise error(f"could not {verb} {what} at {redact(url)}{after}: {type(e).__name__}: {why}", redact(url)) \
-                    from None
+                raise FileNotFoundError(f"{redact(url)} does not exist")
+            raise error(f"could not {verb} {what} at {redact(url)}: its bucket (or parent) does not exist", redact(url))
+        if not _retryable(failure) or time.monotonic() - start + delay >= window:
+            after = f" after {tries} tr{'ies' if tries > 1 else 'y'} in {time.monotonic() - start:.3g} s" \
+                if _retryable(failure) else ""
+            why = _hide(str(failure), remote, url) or ("no answer in time" if isinstance(failure, TimeoutError)
+                                                      else "(no message)")
+            raise error(f"could not {verb} {what} at {redact(url)}{after}: {type(failure).__name__}: {why}", redact(url))
         time.sleep(delay)
         delay = min(delay * 2, 2.0)
 

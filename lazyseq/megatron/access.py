@@ -49,17 +49,28 @@ def open_pair(bin_file: str, idx_file: str, remote: Remote | None) -> tuple[Any,
         raise StoreError(f"{redact(idx_file)} is {idx_info['size']} bytes: larger than any index this reader reads "
                          f"into memory ({IDX_LIMIT} bytes)")
     disk = DiskCache(remote.cache_dir, remote.cache_dir_bytes, remote) if remote.cache_dir is not None else None
-    local_idx = disk.local(idx_file, idx_info["size"], idx_info["etag"]) if disk else None
-    local_bin = disk.local(bin_file, bin_info["size"], bin_info["etag"]) if disk else None
-    if local_idx is not None:
-        idx = map_file(local_idx)
-    else:
+    idx = _cached(disk, idx_file, idx_info)  # each mapped as soon as it is there: a later entry's eviction
+    bin_ = _cached(disk, bin_file, bin_info)  # (or another process's) cannot take it away any more
+    if idx is None:
         buf = bytearray(idx_info["size"])
         read_into(remote, idx_file, 0, memoryview(buf), cache=False)
         idx = np.frombuffer(buf, np.uint8)
         idx.flags.writeable = False
-    bin_ = map_file(local_bin) if local_bin is not None else RemoteFile(remote, bin_file, bin_info["size"], bin_info["etag"])
+    if bin_ is None:
+        bin_ = RemoteFile(remote, bin_file, bin_info["size"], bin_info["etag"])
     return bin_, idx, [[i["size"], i["etag"]] for i in (idx_info, bin_info)]
+
+
+def _cached(disk: DiskCache | None, url: str, info: dict) -> np.ndarray | None:
+    """The memory map of the local copy of ``url`` in ``disk``; None where there is none (no
+    cache_dir, no ETag, evicted before it was mapped, another process stalled downloading it)."""
+    if disk is None:
+        return None
+    try:
+        local = disk.local(url, info["size"], info["etag"])
+        return map_file(local) if local is not None else None
+    except (FileNotFoundError, TimeoutError):
+        return None
 
 
 def map_file(path: str) -> np.ndarray:

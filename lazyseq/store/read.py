@@ -197,6 +197,7 @@ class Store(View):
         self._open: dict[int, _Shard] = {}
         self._opening: dict[int, threading.Lock] = {}
         self._lock = threading.Lock()
+        self._pid = os.getpid()
         self._disk = DiskCache(remote.cache_dir, remote.cache_dir_bytes, remote) if remote and remote.cache_dir else None
 
     @staticmethod
@@ -228,6 +229,8 @@ class Store(View):
     def _shard(self, k: int) -> _Shard:
         shard = self._open.get(k)
         if shard is None:
+            if self._pid != os.getpid():  # a forked child: a thread of the parent may have held these
+                self._lock, self._opening, self._pid = threading.Lock(), {}, os.getpid()
             with self._lock:
                 lock = self._opening.setdefault(k, threading.Lock())
             with lock:  # one thread opens shard k; others open other shards meanwhile (remote: requests)
@@ -235,7 +238,9 @@ class Store(View):
                 if shard is None:
                     shard = self._open_shard(k)
                     with self._lock:
-                        if len(self._open) >= _OPEN_SHARDS:  # the oldest opened goes; arrays read from it stay valid
+                        # the oldest opened goes (a memory map holds a file descriptor; a remote shard,
+                        # whose opening costs requests, holds none and stays); arrays read from it stay valid
+                        if len(self._open) >= _OPEN_SHARDS and self.remote is None:
                             del self._open[next(iter(self._open))]
                         self._open[k] = shard
         return shard
@@ -255,8 +260,18 @@ class Store(View):
             path = checks.shard_file(self.path, rec["file"])
             return _Shard(_open_local(path, rec), path, rec, self.fields, self._dtypes)
         url = self._url(k)
-        f = self.remote.open(url, rec["bytes"])
-        local = self._disk.local(url, f.size, f.etag) if self._disk is not None else None
+        f = None
+        with contextlib.suppress(FileNotFoundError):
+            f = self.remote.open(url)
+        if f is None:
+            raise StoreError(f"{redact(url)} is missing: the store is incomplete")
+        if f.size != rec["bytes"]:
+            raise StoreError(f"{redact(url)} is {f.size} bytes, the manifest says {rec['bytes']}: the object is truncated "
+                             "or was replaced")
+        local = None
+        if self._disk is not None:  # another process downloading it without progress: read by ranges meanwhile
+            with contextlib.suppress(TimeoutError):
+                local = self._disk.local(url, f.size, f.etag)
         if local is not None:
             with contextlib.suppress(StoreError):  # another process's eviction took it meanwhile: read remotely
                 return _Shard(_open_local(local, rec), redact(url), rec, self.fields, self._dtypes)

@@ -91,16 +91,19 @@ def remote_manifest(remote: Remote) -> dict:
     """The manifest of the store at ``remote`` (one read), checked to be one this lazyseq reads."""
     url = remote.join(fmt.MANIFEST)
     shown = f"{remote.shown}/{fmt.MANIFEST}"
+    text = None
     try:
         text = remote.read_whole(url, MANIFEST_LIMIT, "manifest")
     except FileNotFoundError:
+        pass
+    if text is None:  # (raised here, not in the except block: no __context__ to carry a URL's secrets)
         hint = ""
         try:  # one request, on this error path only: the job file a save leaves until it ends
             remote.info(f"{remote.url}/.lazyseq-partial/{fmt.JOB}")
             hint = f"; an interrupted save is in {remote.shown}/.lazyseq-partial: run the same lazyseq.save again to finish it"
         except OSError:
             pass
-        raise FileNotFoundError(f"lazyseq.load: there is no store at {remote.shown}: it has no {fmt.MANIFEST}{hint}") from None
+        raise FileNotFoundError(f"lazyseq.load: there is no store at {remote.shown}: it has no {fmt.MANIFEST}{hint}")
     try:
         m = json.loads(text)
     except (ValueError, RecursionError) as e:  # RecursionError: JSON nested too deep
