@@ -138,6 +138,12 @@ class Lease:
                     self.lost = held or {}
                     return
                 put_bytes(self.remote, self.url, self._body(), "the lock")
+                if time.time() >= held.get("expires", 0):
+                    # The write landed after the lease it renews had expired: another save may have
+                    # taken the lock meanwhile and lost it to this write. This save cannot tell, so it
+                    # gives up (check() refuses its manifest); the other one sees its lock gone.
+                    self.lost = {}
+                    return
             except Exception:  # tried again next period: the lease outlasts two failed renewals
                 continue
 
