@@ -265,6 +265,20 @@ def _save(fig: Any, path: Path) -> str:
 
 
 # -- the page --------------------------------------------------------------------------------------
+HAND_WRITTEN = "Not written by `report`"  # how a section of the page that report keeps as it is begins
+
+
+def kept_sections(text: str) -> list[str]:
+    """The ``## `` sections of an existing page that were not written by ``report`` (their first
+    line says so: the figures of other scenarios, with their machine): a new page keeps them.
+
+    >>> kept_sections("# B\\n## Throughput\\nfigures\\n## Tokens\\n\\nNot written by `report`: ...\\n")
+    ['## Tokens\\n\\nNot written by `report`: ...\\n']
+    """
+    parts = text.split("\n## ")
+    return ["## " + part for part in parts[1:] if part.split("\n", 1)[-1].lstrip().startswith(HAND_WRITTEN)]
+
+
 def page(res: dict) -> str:
     m, v = res["machine"], res["machine"]["versions"]
     before, after = m["load_before"], m["load_after"]
@@ -378,7 +392,9 @@ def run(quick: bool = False, out: str | None = None) -> dict:
     res["machine"]["load_after"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     res["seconds"] = time.perf_counter() - start
     res["images"] = plots(res, folder / "img")
-    (folder / "benchmarks.md").write_text(page(res))
+    target = folder / "benchmarks.md"
+    kept = kept_sections(target.read_text() if target.exists() else "")
+    target.write_text(page(res) + "".join(f"\n{k}" for k in kept))
     print(f"\nwrote {folder / 'benchmarks.md'} and {', '.join(str(folder / 'img' / n) for n in res['images'])}",
           file=sys.stderr)
     return res
