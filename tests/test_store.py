@@ -136,11 +136,11 @@ def test_fixed_fields_are_zero_copy_views_of_the_map(tmp_path):
 def test_bulk_range_reads_slice_once_per_field(tmp_path, monkeypatch):
     items = [(np.arange(3) + i, "s" * i, i) for i in range(40)]
     store = roundtrip(items, tmp_path, shard_bytes=300)
-    from lazyseq.store import read
+    from lazyseq.store import shard
 
     calls = []
-    real = read._Shard.__init__
-    monkeypatch.setattr(read._Shard, "__init__", lambda self, *a: (calls.append(a[0]), real(self, *a))[1])
+    real = shard.Shard.__init__
+    monkeypatch.setattr(shard.Shard, "__init__", lambda self, *a: (calls.append(a[0]), real(self, *a))[1])
     store._open.clear()
     got = store._get_many(range(5, 33))
     assert len(calls) == len({(i // store.per_shard) for i in range(5, 33)})
