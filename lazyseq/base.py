@@ -5,12 +5,9 @@ its source's, ``_len()`` (see :class:`lazyseq.node.Node` for the whole read prot
 user can pass as a key is checked and normalised here, at the top, so views call each other's
 ``_get`` without re-checking.
 
-Two bases serve views that read other sequences by index:
-
-- :class:`Remap`: item ``i`` is item ``_map(i)`` of one source (slices, cycle, shard, shuffle):
-  single reads, bulk reads, reads past failures and writes all follow from that one mapping.
-- :class:`Routed`: item ``i`` is item ``j`` of part ``k`` of several (concatenate, interleave,
-  mixtures, the DataLoader's epochs).
+:class:`Remap` serves views whose item ``i`` is item ``_map(i)`` of one source (slices, cycle,
+shard, shuffle): single reads, bulk reads, reads past failures and writes all follow from that one
+mapping. Views over several parts derive from :class:`lazyseq.routed.Routed`.
 
 :class:`Gather` lives here because an index-array key (``v[[3, 1]]``) builds one; the public
 ``lazyseq.gather``/``take`` that make one are in :mod:`lazyseq.views.indexing`.
@@ -47,7 +44,7 @@ from .node import (
     sizer,
 )
 
-__all__ = ["View", "Remap", "Routed", "Slice", "InfiniteSlice", "Gather"]
+__all__ = ["View", "Remap", "Slice", "InfiniteSlice", "Gather"]
 
 
 class View(Node):
@@ -288,55 +285,6 @@ def _infinite_slice(view: View, key: slice) -> View:
 
 
 # -- several sources, routed -----------------------------------------------------------------------
-class Routed(View):
-    """A view whose item ``i`` is item ``j`` of part ``k``, for ``(k, j) = _where(i)``.
-
-    The parts are ``seqs`` (with their readers in ``_rds``), or whatever ``_part(k)`` returns for
-    views that make their parts on demand (override ``_part`` and ``_reader``). Bulk reads group
-    the indices by part and read each part once."""
-
-    seqs: tuple
-    _rds: tuple
-
-    def _where(self, i: int) -> tuple[int, int]:
-        raise NotImplementedError
-
-    def _part(self, k: int) -> Any:
-        return self.seqs[k]
-
-    def _reader(self, k: int) -> Callable[[int], Any]:
-        return self._rds[k]
-
-    def _get(self, i: int) -> Any:
-        k, j = self._where(i)
-        return self._reader(k)(j)
-
-    def _grouped(self, idx: Sequence[int], read: Callable[[Any, Sequence[int]], list]) -> list:
-        where = [self._where(i) for i in idx]
-        parts: dict[int, list[int]] = {}
-        for k, j in where:
-            parts.setdefault(k, []).append(j)
-        got = {k: iter(read(self._part(k), js)) for k, js in parts.items()}
-        return [next(got[k]) for k, _ in where]
-
-    def _get_many(self, idx: Sequence[int]) -> list:
-        return self._grouped(idx, read_many)
-
-    def _get_each(self, idx: Sequence[int], out: list | None = None) -> list:
-        try:
-            items = self._grouped(idx, read_each)
-        except Exception:  # _where itself failed for some index: item by item
-            return each(self._get, idx, out)
-        return into(out, items)
-
-    def _set(self, i: int, value: Any) -> None:
-        k, j = self._where(i)
-        self._part(k)[j] = value
-
-    def children(self) -> tuple:
-        return self.seqs
-
-
 # -- gather: the view an index array returns --------------------------------------------------------
 class Gather(View):
     """Items ``indexes`` of ``src``, in that order (see :func:`lazyseq.gather`)."""

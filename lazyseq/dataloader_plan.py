@@ -11,9 +11,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .base import Routed, View
+from .base import View
 from .batching import default_collate
 from .node import read_many
+from .routed import Routed
 from .seeding import SeedEachItem
 from .views.epochs import at_epoch
 from .views.faults import tally
@@ -161,13 +162,8 @@ class Epochs(Routed):
         e, j = self._where(i)
         return self._counted(e, self._reader(e), j)
 
-    def _grouped(self, idx: Sequence[int], read: Callable[[Any, Sequence[int]], list]) -> list:
-        where = [self._where(i) for i in idx]  # as Routed's, each part's read counted
-        parts: dict[int, list[int]] = {}
-        for e, j in where:
-            parts.setdefault(e, []).append(j)
-        got = {e: iter(self._counted(e, functools.partial(read, self._part(e)), js)) for e, js in parts.items()}
-        return [next(got[e]) for e, _ in where]
+    def _read_part(self, e: int, read: Callable[[Any, Sequence[int]], list], js: list[int]) -> list:
+        return self._counted(e, functools.partial(read, self._part(e)), js)  # Routed's bulk reads, counted
 
     def _part(self, e: int) -> View:
         c = self._cache

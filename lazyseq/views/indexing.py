@@ -13,9 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from ..base import Gather, Remap, Routed, View, _infinite_range
+from ..base import Gather, Remap, View, _infinite_range
 from ..keys import compose, span
 from ..node import Exhausted, check_source, length, reader
+from ..routed import Routed
 
 __all__ = ["gather", "take", "arange", "cycle", "repeat", "interleave", "switch", "case", "uniter"]
 

@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from ..base import Routed, View
+from ..base import View
 from ..node import check_source, length, reader
+from ..routed import Routed
 from .epochs import FollowsEpoch
 from .mapping import check_seed, item_rng, seed_key
 

@@ -10,10 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from ..base import Routed, Slice, View
+from ..base import Slice, View
 from ..errors import wrap_error
 from ..helpers import fname
 from ..node import Exhausted, bulk_reader, check_source, columnar, is_finite, length, read_columns, read_many, reader, sizer
+from ..routed import Routed
 
 __all__ = ["Pad", "batch", "unbatch", "collate", "concatenate", "split"]
 
