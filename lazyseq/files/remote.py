@@ -68,6 +68,29 @@ def _real(e: BaseException) -> BaseException:
     return e
 
 
+class Backoff:
+    """The tries of one read or write: waits of 50 ms doubling up to 2 s between them, as long as
+    the next try would start within ``window`` seconds of the first."""
+
+    def __init__(self, window: float):
+        self.window, self.start, self.delay, self.tries = window, time.monotonic(), 0.05, 0
+
+    def left(self) -> float:
+        """Seconds of the window not used yet (a try's own timeout)."""
+        return self.window - (time.monotonic() - self.start)
+
+    def again(self) -> bool:
+        """After a failed try: wait and say True, or say False when the window is spent."""
+        if time.monotonic() - self.start + self.delay >= self.window:
+            return False
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 2, 2.0)
+        return True
+
+    def spent(self) -> str:
+        return f"after {self.tries} tr{'ies' if self.tries > 1 else 'y'} in {time.monotonic() - self.start:.1f} s"
+
+
 class RangeCache:
     """The block cache: bytes read, keyed by (url, start, stop), least recently used out past
     ``capacity`` bytes. Item reads ask for the same ranges each time, so exact keys suffice."""
@@ -268,13 +291,12 @@ class Remote:
     def _get(self, joined: list[list[Any]]) -> list[bytes]:
         """The bytes of each ``[url, start, stop]``, retried with backoff within ``timeout``."""
         out: list[bytes | None] = [None] * len(joined)
-        pending, start, delay, tries, sent = list(range(len(joined))), time.monotonic(), 0.05, 0, 0
+        pending, tries, sent = list(range(len(joined))), Backoff(self.timeout), 0
         errors: dict[int, BaseException] = {}
         while pending:
-            tries += 1
+            tries.tries += 1
             sent += len(pending)
-            left = self.timeout - (time.monotonic() - start)
-            results = self._cat_ranges([joined[k] for k in pending], max(left, 0.01))
+            results = self._cat_ranges([joined[k] for k in pending], max(tries.left(), 0.01))
             still = []
             for k, r in zip(pending, results):
                 _, a, b = joined[k]
@@ -289,15 +311,12 @@ class Remote:
                 else:
                     r = ConnectionError(f"the server sent {len(r)} bytes for a range of {b - a} (a lost connection?)")
                 if not _retryable(r):
-                    raise self._failed(joined[k], r, tries, start)
+                    raise self._failed(joined[k], r, tries)
                 errors[k] = r
                 still.append(k)
             pending = still
-            if pending and time.monotonic() - start + delay >= self.timeout:
-                raise self._failed(joined[pending[0]], errors[pending[0]], tries, start)
-            if pending:
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+            if pending and not tries.again():
+                raise self._failed(joined[pending[0]], errors[pending[0]], tries)
         with self._lock:
             self.requests += sent
             self.bytes_read += sum(b - a for _, a, b in joined)
@@ -319,9 +338,9 @@ class Remote:
         return {"timeout": self.timeout} if getattr(self.fs, "async_impl", False) else {}
 
     def _retry(self, fn: Any, url: str, rng: tuple[int, int] | None) -> Any:
-        start, delay, tries = time.monotonic(), 0.05, 0
+        tries = Backoff(self.timeout)
         while True:
-            tries += 1
+            tries.tries += 1
             failure = None
             try:
                 return fn()
@@ -329,17 +348,14 @@ class Remote:
                 failure = _real(e)  # exception, whose text may hold the URL's secrets
             if isinstance(failure, FileNotFoundError):
                 raise FileNotFoundError(f"{redact(url)} does not exist")
-            if not _retryable(failure) or time.monotonic() - start + delay >= self.timeout:
-                raise self._failed([url, *(rng or (None, None))], failure, tries, start)
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            if not _retryable(failure) or not tries.again():
+                raise self._failed([url, *(rng or (None, None))], failure, tries)
 
-    def _failed(self, req: list[Any], e: BaseException, tries: int, start: float) -> RemoteReadError:
+    def _failed(self, req: list[Any], e: BaseException, tries: Backoff) -> RemoteReadError:
         url, a, b = req
         what = f"bytes {a}-{b - 1} of " if a is not None and b > a else ""
         why = "it is missing" if isinstance(e, FileNotFoundError) else f"{type(e).__name__}: {_scrub(str(e), url)}"
-        after = (f" after {tries} tr{'ies' if tries > 1 else 'y'} in {time.monotonic() - start:.1f} s (timeout={self.timeout:g})"
-                 if _retryable(e) else "")
+        after = f" {tries.spent()} (timeout={self.timeout:g})" if _retryable(e) else ""
         return RemoteReadError(f"could not read {what}{redact(url)}{after}: {why}", redact(url),
                                (a, b) if a is not None else None)
 

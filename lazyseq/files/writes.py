@@ -16,12 +16,11 @@ its error, and the library's exception is not chained (its text may hold them).
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import RemoteReadError, RemoteWriteError
-from .remote import Remote, _retryable, _scrub
+from .remote import Backoff, Remote, _retryable, _scrub
 from .urls import redact
 
 __all__ = ["RemoteWriteError", "listing", "read_small", "read_many", "put_bytes", "put_file", "delete",
@@ -58,14 +57,12 @@ def _tries(remote: Remote, call: Callable[[dict], Any], url: str, what: str, ver
     """``call(kwargs)`` (kwargs: the per-try timeout of an async file system), retried with backoff
     until ``window`` seconds have passed. A missing object (FileNotFoundError) and an object that
     exists where it must not (FileExistsError) are raised at once, with the redacted URL."""
-    start, delay, tries = time.monotonic(), 0.05, 0
-    timed = getattr(remote.fs, "async_impl", False)
+    tries, timed = Backoff(window), getattr(remote.fs, "async_impl", False)
     while True:
-        tries += 1
-        left = window - (time.monotonic() - start)
+        tries.tries += 1
         failure = None
         try:
-            return call({"timeout": max(left, 0.01)} if timed else {})
+            return call({"timeout": max(tries.left(), 0.01)} if timed else {})
         except Exception as e:  # raised below, outside this block: no __context__ keeps the library's
             failure = e  # exception, whose text may hold the URL's secrets
         if isinstance(failure, FileExistsError):
@@ -74,14 +71,11 @@ def _tries(remote: Remote, call: Callable[[dict], Any], url: str, what: str, ver
             if verb in ("read", "list", "delete"):
                 raise FileNotFoundError(f"{redact(url)} does not exist")
             raise error(f"could not {verb} {what} at {redact(url)}: its bucket (or parent) does not exist", redact(url))
-        if not _retryable(failure) or time.monotonic() - start + delay >= window:
-            after = f" after {tries} tr{'ies' if tries > 1 else 'y'} in {time.monotonic() - start:.3g} s" \
-                if _retryable(failure) else ""
+        if not _retryable(failure) or not tries.again():
+            after = f" {tries.spent()}" if _retryable(failure) else ""
             why = _hide(str(failure), remote, url) or ("no answer in time" if isinstance(failure, TimeoutError)
                                                       else "(no message)")
             raise error(f"could not {verb} {what} at {redact(url)}{after}: {type(failure).__name__}: {why}", redact(url))
-        time.sleep(delay)
-        delay = min(delay * 2, 2.0)
 
 
 def _path(remote: Remote, url: str) -> str:
