@@ -26,11 +26,10 @@ PARALLEL = 8  # ranged reads in flight while downloading
 
 
 class DiskCache:
-    """Objects of ``remote`` under ``root``, at most ``max_bytes`` of them (None: no bound)."""
+    """Objects of ``remote`` under ``root``, at most ``max_bytes`` of them (None: no bound; checked
+    with the remote's other settings, :func:`.remote.check_settings`)."""
 
     def __init__(self, root: str, max_bytes: int | None, remote: Any):
-        if max_bytes is not None and not (isinstance(max_bytes, int) and max_bytes > 0):
-            raise ValueError(f"cache_dir_bytes={max_bytes!r}: give the most bytes the cache may hold, or None")
         self.root, self.max_bytes, self.remote = os.path.abspath(root), max_bytes, remote
         os.makedirs(self.root, exist_ok=True)
 

@@ -125,6 +125,16 @@ class RangeCache:
                 self.size -= len(self._d.popitem(last=False)[1])
 
 
+def check_settings(block_cache: int = 64 * 2**20, cache_dir_bytes: int | None = None, timeout: float = 30.0) -> None:
+    """ValueError for a setting of :class:`Remote` that cannot work (for who takes them before a read)."""
+    if not (isinstance(timeout, int | float) and timeout > 0):
+        raise ValueError(f"timeout={timeout!r}: give the seconds a read may take, retries included (> 0)")
+    if not (isinstance(block_cache, int) and block_cache >= 0):
+        raise ValueError(f"block_cache={block_cache!r}: give the bytes of the block cache (0 turns it off)")
+    if cache_dir_bytes is not None and not (isinstance(cache_dir_bytes, int) and cache_dir_bytes > 0):
+        raise ValueError(f"cache_dir_bytes={cache_dir_bytes!r}: give the most bytes the cache may hold, or None")
+
+
 class Remote:
     """A location in object storage (``s3://bucket/train``, ``https://host/data``, any fsspec URL)
     with its read settings; pickles as its URL and settings, so each process (a prefetch worker)
@@ -135,10 +145,7 @@ class Remote:
 
     def __init__(self, url: str, storage_options: dict | None = None, block_cache: int = 64 * 2**20,
                  cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int | None = None, timeout: float = 30.0):
-        if not (isinstance(timeout, int | float) and timeout > 0):
-            raise ValueError(f"timeout={timeout!r}: give the seconds a read may take, retries included (> 0)")
-        if not (isinstance(block_cache, int) and block_cache >= 0):
-            raise ValueError(f"block_cache={block_cache!r}: give the bytes of the block cache (0 turns it off)")
+        check_settings(block_cache, cache_dir_bytes, timeout)
         self.url, self.shown = url.rstrip("/"), redact(url.rstrip("/"))
         self.options = dict(storage_options or {})
         self.block_cache, self.timeout = block_cache, float(timeout)

@@ -19,6 +19,7 @@ import numpy as np
 from ..base import Remap, View
 from ..files import Remote, is_url, redact
 from ..files.fileobj import open_file
+from ..files.remote import check_settings
 from ..fingerprints import file_identity
 from ..helpers import fname
 from ..node import Failed, into, length
@@ -52,10 +53,10 @@ class Chunks(View):
             raise ValueError(f"chunks: {', '.join(sorted(self.settings))} apply to files opened for read "
                              "(as_file=True); without it, read receives the path and opens it itself")
         if self.as_file:
-            Remote("s3://settings", **self.settings)  # checks them now, not at the first read
-            n = self.settings.get("cache_dir_bytes")
-            if n is not None and not (isinstance(n, int) and n > 0):
-                raise ValueError(f"chunks: cache_dir_bytes={n!r}: give the most bytes the cache may hold, or None")
+            try:  # now, not at the first read
+                check_settings(**{k: v for k, v in self.settings.items() if k in ("block_cache", "cache_dir_bytes", "timeout")})
+            except ValueError as e:
+                raise ValueError(f"chunks: {e}") from None
         self._given_lengths = lengths is not None
         if lengths is None:
             self._lens: list[int | None] = [None] * len(self.paths)
