@@ -164,7 +164,8 @@ def time_epochs_prefetched(store: Any, n: int, rounds: int) -> float:
     best = 0.0
     for r in range(rounds):
         batches = lazyseq.batch(lazyseq.shuffle(store, seed=r), BATCH, collate_fn=lazyseq.default_collate)
-        with lazyseq.prefetch(batches, NWORKERS, "process", max_buffered=2 * NWORKERS + 2) as p:
+        jobs = 2 * NWORKERS + 2  # slots of two batches each: without shm_size, batches would be pickled
+        with lazyseq.prefetch(batches, NWORKERS, "process", max_buffered=jobs, shm_size=jobs * 2 * BATCH * ITEM_BYTES) as p:
             it = iter(p)
             count = len(next(it)["label"])
             t = time.perf_counter()

@@ -1,12 +1,14 @@
 """The store's one bulk read: items ``idx`` (any order, any shards) as a list of items, or by columns
-as ``default_collate`` would stack them, with one gather per field and shard.
+as ``default_collate`` would stack them.
 
 ``batch(shuffle(store), k, collate_fn=default_collate)`` and the DataLoader's batches of a store
-come here by columns (``node.read_columns``): a fixed field is one ``np.take`` per shard into the
-batch's array (in a process worker, straight into the job's shared-memory slot), and no item is
-ever built. A bulk read of items (``store._get_many``, a prefetch job) reads the same way and cuts
-the columns into items: rows of a gathered copy (read-only, as the memory map's views are), or
-zero-copy views of the memory map where the indices are a consecutive run of one shard.
+come here by columns (``node.read_columns``). Over many shards of a local store, a fixed field is
+one fancy index across the shards' memory maps (:mod:`.span`); within one shard (and for remote
+shards, variable fields, shapes that differ between shards) it is one ``np.take`` per shard into
+the batch's array (in a process worker, straight into the job's shared-memory slot), and no item
+is ever built. A bulk read of items (``store._get_many``, a prefetch job) reads the same way and
+cuts the columns into items: rows of a gathered copy (read-only, as the memory map's views are),
+or zero-copy views of the memory map where the indices are a consecutive run of one shard.
 """
 
 from __future__ import annotations
@@ -24,11 +26,8 @@ __all__ = ["gather"]
 Group = tuple[Any, np.ndarray | None, np.ndarray]  # (shard, positions in idx or None: all, indices in the shard)
 
 
-def _groups(store: Any, idx: np.ndarray) -> list[Group]:
-    """The shards ``idx`` touches, each with where its items go and its own indices."""
-    per = store.per_shard
-    k = idx // per
-    j = idx - k * per
+def _groups(store: Any, k: np.ndarray, j: np.ndarray) -> list[Group]:
+    """The shards items ``k * per_shard + j`` touch, each with where its items go and its own indices."""
     if k[0] == k[-1] and (len(k) < 3 or (k == k[0]).all()):
         return [(store._shard(int(k[0])), None, j)]
     order = np.argsort(k, kind="stable")
@@ -67,14 +66,20 @@ def _fixed(groups: list[Group], f: int, n: int, columns: bool) -> np.ndarray | l
 
 
 def _picked(groups: list[Group], f: int, n: int) -> list:
-    """A field's values, one per item, read at arbitrary indices (variable arrays, strings, None)."""
+    """A field's values, one per item, read at arbitrary indices (variable arrays, strings, None;
+    a fixed field whose shape differs between shards, item by item)."""
     if len(groups) == 1:
-        return groups[0][0].picks[f](groups[0][2])
+        return _pick(groups[0][0], f, groups[0][2])
     out: list = [None] * n
     for shard, pos, js in groups:
-        for p, v in zip(pos.tolist(), shard.picks[f](js)):
+        for p, v in zip(pos.tolist(), _pick(shard, f, js)):
             out[p] = v
     return out
+
+
+def _pick(shard: Any, f: int, js: np.ndarray) -> list:
+    pick = shard.picks[f]
+    return pick(js) if pick is not None else list(map(shard.ones[f], js.tolist()))
 
 
 def _stacked(values: list, what: str) -> Any:
@@ -108,9 +113,13 @@ def gather(store: Any, idx: np.ndarray, columns: bool) -> Any:
     n = len(idx)
     if not n:
         return []
-    groups = _groups(store, idx)
-    with store._holding(groups):  # a remote store: every range of the read fetched at once
-        cols = _columns(store, groups, n, columns)
+    per = store.per_shard
+    lo, hi = int(idx.min()), int(idx.max())
+    k, j = np.divmod(idx, per)
+    # over many shards, one read per field (.span); only with indices inside the store, so that
+    # no row outside the tables is ever read
+    spans = store._spans(k) if lo // per != hi // per and 0 <= lo and hi < store.n else None
+    cols = _columns(store, k, j, spans, n, columns)
     build = store._build
     if columns:
         return build(cols)
@@ -118,13 +127,24 @@ def gather(store: Any, idx: np.ndarray, columns: bool) -> Any:
     return list(map(build, zip(*rows))) if rows else [build(()) for _ in range(n)]
 
 
-def _columns(store: Any, groups: list[Group], n: int, columns: bool) -> list:
-    cols = []
-    for f, field in enumerate(store.fields):
-        col = _fixed(groups, f, n, columns) if groups[0][0].tables[f] is not None else None
-        if col is None:
-            col = _picked(groups, f, n)
-            if columns:
-                col = _stacked(col, f"field {field['path']}")
-        cols.append(col)
+def _columns(store: Any, k: np.ndarray, j: np.ndarray, spans: Any, n: int, columns: bool) -> list:
+    cols: list = [None] * len(store.fields)
+    rest = list(range(len(cols)))
+    if spans is not None:
+        for f in rest:
+            cols[f] = spans.read(f, k, j, columns)
+            if cols[f] is not None and not columns:
+                cols[f].flags.writeable = False  # items are read-only, as the memory map's views are
+        rest = [f for f in rest if cols[f] is None]
+    if not rest:
+        return cols
+    groups = _groups(store, k, j)
+    with store._holding(groups):  # a remote store: every range of the read fetched at once
+        for f in rest:
+            col = _fixed(groups, f, n, columns) if groups[0][0].tables[f] is not None else None
+            if col is None:
+                col = _picked(groups, f, n)
+                if columns:
+                    col = _stacked(col, f"field {store.fields[f]['path']}")
+            cols[f] = col
     return cols

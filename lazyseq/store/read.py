@@ -24,6 +24,7 @@ from .gather import gather
 from .remote import remote_manifest, remote_verify
 from .shard import Shard, open_local
 from .shardfile import file_crc
+from .span import Spans
 
 __all__ = ["Store", "load"]
 
@@ -70,6 +71,8 @@ class Store(View):
         self._opening: dict[int, threading.Lock] = {}
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        # the fixed fields' rows over the open memory maps (.span), remade after shards open or go
+        self._is_open, self._opened, self._span = np.zeros(len(self.records), bool), 0, None
         self._disk = DiskCache(remote.cache_dir, remote.cache_dir_bytes, remote) if remote and remote.cache_dir else None
 
     @staticmethod
@@ -113,8 +116,11 @@ class Store(View):
                         # the oldest opened goes (a memory map holds a file descriptor; a remote shard,
                         # whose opening costs requests, holds none and stays); arrays read from it stay valid
                         if len(self._open) >= _OPEN_SHARDS and self.remote is None:
-                            del self._open[next(iter(self._open))]
+                            oldest = next(iter(self._open))
+                            del self._open[oldest]
+                            self._is_open[oldest] = False
                         self._open[k] = shard
+                        self._is_open[k], self._opened = True, self._opened + 1
         return shard
 
     def _open_many(self, ks: list[int]) -> None:
@@ -148,6 +154,20 @@ class Store(View):
             with contextlib.suppress(StoreError):  # another process's eviction took it meanwhile: read remotely
                 return Shard(open_local(local, rec), redact(url), rec, self.fields, self._dtypes)
         return Shard(f, redact(url), rec, self.fields, self._dtypes)
+
+    def _spans(self, k: np.ndarray) -> Spans | None:
+        """For :mod:`.gather`: the fixed fields' rows over shards ``k`` (all open memory maps) as
+        one array each (:class:`.span.Spans`), or None."""
+        s = self._span
+        if s is None or s.opened != self._opened:
+            if not self._is_open[k].all():
+                return None  # the shard-by-shard path opens them first
+            with self._lock:
+                s = self._span = Spans(self._opened, dict(self._open), len(self.records), self._rows, len(self.fields))
+        return s if s.whole or s.covered[k].all() else None
+
+    def _rows(self, k: int) -> int:
+        return self.records[k]["stop"] - self.records[k]["start"]
 
     def _holding(self, groups: list) -> Any:
         """For :mod:`.gather`: every range a bulk read of ``groups`` needs, fetched at once (remote)."""
