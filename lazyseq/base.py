@@ -219,7 +219,17 @@ class Slice(Remap):
     def __init__(self, src: Any, r: range):
         self._bind(src, "slice")
         self.r, self._map = r, r.__getitem__
-        self._len = itertools.repeat(span(r)).__next__  # a fixed length, returned by a C call
+        self._n = span(r)
+        self._len = itertools.repeat(self._n).__next__  # a fixed length, returned by a C call
+
+    def __getitem__(self, key):
+        # a slice tops many chains (v[a:b][i]): an int key inside it is read in this one frame
+        if type(key) is int and 0 <= key < self._n:
+            try:
+                return self._rd(self.r[key])
+            except Exception as e:
+                raise raised(e, key, self)  # noqa: B904 (as View.__getitem__)
+        return View.__getitem__(self, key)
 
     def _map_array(self, idx: np.ndarray) -> np.ndarray:
         return self.r.start + idx * self.r.step
@@ -347,6 +357,24 @@ class Gather(View):
             return ind[np.asarray(idx, dtype=np.int64)].tolist() if len(idx) > 32 else [int(ind[i]) for i in idx]
         return read(ind, idx)
 
+    def _get_many_fn(self) -> Callable[[Sequence[int]], list]:
+        listed = self._list and self._trust and type(self)._get_many is Gather._get_many
+        return self._gather_listed if listed else self._get_many
+
+    def _gather_listed(self, idx: Sequence[int]) -> list:
+        """``_get_many`` with a list of indexes over a source that checks them itself."""
+        ind = self.indexes  # a batch reads a run of positions: one slice of the list (never a short one)
+        if type(idx) is range and idx.step == 1 and 0 <= idx.start and idx.stop <= len(ind):
+            js = ind[idx.start : idx.stop]
+        else:
+            js = list(map(ind.__getitem__, idx))
+        try:
+            return self._rdm(js)
+        except IndexError:
+            for j in js:
+                self._index(j)
+            raise
+
     def _get_many(self, idx: Sequence[int]) -> list:
         js = list(map(self.indexes.__getitem__, idx)) if self._list else self._indices(idx, read_many)
         if not self._trust:
@@ -395,7 +423,8 @@ class Gather(View):
             return None
         if self._srcfinite:
             n = self._srclen()
-            js = np.where(js < 0, js + n, js)
+            if len(js) and js.min() < 0:  # negative entries count from the end, as in _index
+                js = np.where(js < 0, js + n, js)
             if len(js) and (js.min() < 0 or js.max() >= n):
                 return None
         elif len(js) and js.min() < 0:

@@ -81,6 +81,16 @@ class Node(Sequence):
         get = self._get
         return [get(i) for i in idx]
 
+    # What a view above binds once to read this one (reader, bulk_reader): ``_get`` and
+    # ``_get_many``, or where a view knows at that time that its general case does not arise (no
+    # pad, a plain list below...), a method doing only what is left: one read costs a few frames
+    # per view, and a chain of views is read at every item.
+    def _get_fn(self) -> Callable[[int], Any]:
+        return self._get
+
+    def _get_many_fn(self) -> Callable[[Sequence[int]], list]:
+        return self._get_many
+
     def _get_each(self, idx: Sequence[int], out: list | None = None) -> list:
         """``_get_many`` that goes past failures: an item whose read raises is ``Failed(error)``.
 
@@ -200,7 +210,7 @@ def check_source(src: Any, where: str) -> Any:
 def reader(src: Any) -> Callable[[int], Any]:
     """The fastest single-item read of ``src`` for a valid non-negative int index."""
     if is_node(src):
-        return src._get
+        return src._get_fn()
     return src.__getitem__ if hasattr(src, "__len__") else _UnsizedReader(src)
 
 
@@ -238,7 +248,7 @@ def sizer(src: Any) -> Callable[[], int]:
 def bulk_reader(src: Any) -> Callable[[Sequence[int]], list]:
     """:func:`read_many` bound to ``src`` once: what a view keeps to read its source in bulk on
     every read without asking again what the source is."""
-    return src._get_many if is_node(src) else _ManyReader(reader(src))
+    return src._get_many_fn() if is_node(src) else _ManyReader(reader(src))
 
 
 class _ManyReader:

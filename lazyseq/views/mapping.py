@@ -60,6 +60,20 @@ class Map(View):
         except Exception as e:
             raise wrap_error(e, i, self)  # noqa: B904
 
+    def _get_many_fn(self) -> Callable[[Sequence[int]], list]:
+        plain = self._fast is not None and not self.star and type(self.f) is not Blocking
+        return self._map_plain if plain and type(self)._get_many is Map._get_many else self._get_many
+
+    def _map_plain(self, idx: Sequence[int]) -> list:
+        """``_get_many`` of one function over a plain sequence (a list, an array)."""
+        xs = list(map(self._fast, idx))  # a list: no frame per read
+        out: list = []
+        try:
+            out.extend(map(self.f, xs))  # item by item: when f raises, out holds the items before it
+        except Exception as e:
+            raise wrap_error(e, idx[len(out)], self)  # noqa: B904
+        return out
+
     def _get_many(self, idx: Sequence[int]) -> list:
         if type(self.f) is Blocking:
             return self._await_many(idx, None)

@@ -79,6 +79,23 @@ class Batch(View):
         start = i * self.k
         return start, (min(start + self.k, len(self.src)) if self.finite else start + self.k)
 
+    def _get_fn(self) -> Callable[[int], Any]:
+        listed = self.finite and not self.padded and not getattr(self.collate_fn, "by_columns", False)
+        return self._get_listed if listed and type(self)._get is Batch._get else self._get
+
+    def _get_listed(self, i: int) -> Any:
+        """``_get`` of a finite batch without pad that does not read by columns."""
+        start = i * self.k
+        stop = start + self.k
+        n = self._srclen()
+        items = self._rdm(range(start, stop if stop < n else n))
+        if self.collate_fn is None:
+            return items
+        try:
+            return self.collate_fn(items)
+        except Exception as e:
+            raise wrap_error(e, i, self)  # noqa: B904
+
     def _get(self, i: int) -> Any:
         k = self.k
         start = i * k
