@@ -634,3 +634,30 @@ def test_a_subclass_gets_keys_slices_arrays_and_errors_from_the_base():
         sq[2:4] = [1, 2]
     assert repr(ls.smap(double, sq)).splitlines() == ["smap(double)  len=10", "└─ squares  len=10"]
     assert sorted(x for b in ls.batch(ls.shuffle(sq, seed=0), 5) for x in b) == ref
+
+
+
+def test_the_bound_fast_reads_keep_every_check_and_error():
+    """The reads a view above binds once (Node._get_fn, _get_many_fn) where the general case cannot
+    arise: a slice read in one frame, a batch without pad, a gather of a list, a map over a list."""
+
+    def f(x):
+        if x == 17:
+            raise ValueError("bad 17")
+        return x * 10
+
+    m = ls.smap(f, list(range(30)))
+    g = ls.gather(m, [3, 5, -1, 0, 17, 1, 40, 2])  # -1: the last item; 40: out of range
+    b = ls.batch(g, 3)
+    top = ls.smap(len, b)[1:]
+    assert m._get_many_fn() == m._map_plain and g._get_many_fn() == g._gather_listed and b._get_fn() == b._get_listed
+    padded = ls.batch(g, 3, pad=0)
+    assert padded._get_fn() == padded._get  # a pad: the general read
+    assert b[0] == [30, 50, 290] and ls.smap(sum, b)[:1][-1] == 370
+    with pytest.raises(ls.EvaluationError, match="bad 17") as e:
+        top[0]
+    assert "item 17" in str(e.value) and "smap" in str(e.value)
+    with pytest.raises(IndexError, match="index 40 is out of range for its source of length 30"):
+        top[-1]
+    with pytest.raises(IndexError, match="out of range"):
+        top[2]
