@@ -151,18 +151,23 @@ def monitor_throughput(seq: Any) -> ThroughputMonitor:
 
 
 # -- time per stage --------------------------------------------------------------------------------
-_READS = ("_get", "_get_many", "_get_each")  # the read protocol: where a view spends its time
+# the read protocol: where a view spends its time; with the reads a view above may bind instead of
+# _get and _get_many (Node._get_fn, _get_many_fn), and a slice's own __getitem__
+_READS = ("_get", "_get_many", "_get_each", "_get_listed", "_gather_listed", "_map_plain", "__getitem__")
 
 
 class Stage:
     """One view (or plain source) of a profiled pipeline: the reads it served and the time spent
     in it, its sources excluded (``seconds``)."""
 
-    __slots__ = ("view", "name", "depth", "tree", "calls", "items", "seconds")
+    __slots__ = ("view", "name", "depth", "tree", "calls", "items", "seconds", "busy", "workers")
 
     def __init__(self, view: Any, name: str, depth: int):
         self.view, self.name, self.depth, self.tree = view, name, depth, ""
         self.calls, self.items, self.seconds = 0, 0, 0.0
+        # a prefetch: its workers' time inside jobs while profiled (its stats()' busy_seconds), and how many
+        self.busy: float | None = None
+        self.workers = 0
 
     @property
     def seconds_per_item(self) -> float:
@@ -198,6 +203,8 @@ class Profile:
         self.stages.append(stage)
         kinds = _READS if isinstance(node, View) else ("__getitem__",)
         for attr in kinds:  # Python-level reads only: a list's or array's time is its reader's
+            if attr == "__getitem__" and kinds is _READS and type(node).__getitem__ is View.__getitem__:
+                continue  # the general one: its reads go through _get; a slice reads in its own
             code = getattr(getattr(type(node), attr, None), "__code__", None)
             if code is not None:
                 self._codes.add(code)
@@ -227,7 +234,28 @@ class Profile:
             rows.append(f"{name:50s}{s.items:8d}{1e3 * s.seconds_per_item:10.3f}{rate:>11s}{share:>7s}")
         rows.append(f"{self.reads} reads in {1e3 * self.total:.1f} ms under the profiler "
                     "(it adds about 1 us per Python call, counted in the stage making the call)")
+        for s in self.stages:
+            if s.busy is not None and s.workers and self.total > 0:
+                rows.append(f"{s.name}: its {s.workers} workers were inside jobs {s.busy:.3f} s, "
+                            f"{s.busy / (self.total * s.workers):.0%} of {s.workers} x the time profiled "
+                            "(the rest: starting, or waiting for a job or a free slot)")
         return "\n".join(rows)
+
+    def _busy_marks(self) -> list[tuple[Stage, float]]:
+        """Each prefetch stage with its workers' busy seconds so far (a ``stats()`` with ``busy_seconds``)."""
+        marks = []
+        for s in self.stages:
+            stats = getattr(s.view, "stats", None) if isinstance(s.view, View) else None
+            counters = stats() if callable(stats) else None
+            if isinstance(counters, dict) and "busy_seconds" in counters:
+                marks.append((s, counters["busy_seconds"]))
+        return marks
+
+    def _add_busy(self, marks: list[tuple[Stage, float]]) -> None:
+        for s, before in marks:
+            counters = s.view.stats()
+            s.busy = (s.busy or 0.0) + counters["busy_seconds"] - before
+            s.workers = counters.get("nworkers", 0)
 
     def __repr__(self) -> str:
         return self.table()
@@ -270,6 +298,7 @@ def profiling(seq: Any) -> Iterator[Profile]:
     (10, 'range(0, 10)')
     """
     prof, previous = Profile(check_source(seq, "profiling")), sys.getprofile()
+    marks = prof._busy_marks()
     start = time.perf_counter()
     sys.setprofile(prof._hook())
     try:
@@ -277,6 +306,7 @@ def profiling(seq: Any) -> Iterator[Profile]:
     finally:
         sys.setprofile(previous)
         prof.total += time.perf_counter() - start
+        prof._add_busy(marks)
 
 
 def profile(seq: Any, n: int = 100, keys: Sequence[int] | None = None) -> Profile:

@@ -108,6 +108,18 @@ def test_stages_below_prefetch_run_in_workers():
     assert prof[p].seconds > 0
 
 
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_a_prefetch_stage_tells_how_busy_its_workers_were(method):
+    src = lazyseq.smap(sleepy, range(40))
+    with lazyseq.prefetch(src, nworkers=2, method=method) as p:
+        prof = instrument.profile(p, n=40)
+    stage = prof[p]
+    assert stage.workers == 2 and stage.busy >= 40 * 0.001  # every item sleeps 1 ms inside a job
+    assert prof[src].busy is None
+    line = prof.table().splitlines()[-1]
+    assert line.startswith(f"{p.describe()}: its 2 workers were inside jobs {stage.busy:.3f} s, ")
+
+
 def test_table_and_errors():
     decode = lazyseq.smap(sleepy, range(20))
     prof = instrument.profile(decode, n=5)

@@ -443,6 +443,16 @@ def test_stats_count_what_happened():
     assert {"fallbacks", "waits", "wait_seconds", "chunk", "slot_size", "slots_free", "nworkers"} <= s.keys()
 
 
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_busy_seconds_count_the_workers_time_in_jobs(method):
+    t = time.monotonic()
+    with mk(ls.smap(lambda i: time.sleep(0.004) or i, range(40)), method) as p:
+        assert list(p) == list(range(40))
+        s = p.stats()
+    wall = time.monotonic() - t
+    assert 40 * 0.004 <= s["busy_seconds"] <= wall * p.nworkers  # every item slept 4 ms inside a job
+
+
 def test_a_failed_process_start_cleans_up_what_it_started(monkeypatch):
     import multiprocessing
 

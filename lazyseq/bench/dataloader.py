@@ -363,24 +363,40 @@ def run(quick: bool = False) -> dict:
     rate = {k: max(r["images"] / r["seconds"] for r in v) for k, v in runs.items()}
     steady = {k: max((r["images"] - BATCH) / r["steady_seconds"] for r in v) for k, v in runs.items()}
     cpu_ms = {k: min(r["cpu_seconds"] / r["images"] for r in v) * 1e3 for k, v in runs.items()}
+    best = {k: max(v, key=lambda r: r["images"] / r["seconds"]) for k, v in runs.items()}  # each loader's best round
+    cores_busy = {k: r["cpu_seconds"] / (r["seconds"] * cores) for k, r in best.items()}
     conv_ms = {k: min(r["convert_seconds"] / r["batches"] for r in v) * 1e3 for k, v in runs.items()}
     imgs = runs["lazyseq"][0]["images"]
     print(f"\n{imgs} images per epoch ({imgs // BATCH} batches of {BATCH}, drop_last), decode + random crop {CROP} + flip "
           f"+ normalise,\n{NWORKERS} workers, delivered as tinygrad Tensors on the CPU; best of {rounds} rounds")
     print(f"{'':10s}{'images/s':>10s}{'lazyseq x':>11s}{'steady/s':>10s}{'lazyseq x':>11s}{'convert ms':>12s}"
-          f"{'CPU ms/img':>12s}")
+          f"{'CPU ms/img':>12s}{'cores busy':>12s}")
     for k in runs:
         conv = "(inside)" if k == "lazyseq" else f"{conv_ms[k]:.2f}"
         print(f"{k:10s}{rate[k]:10.0f}{rate['lazyseq'] / rate[k]:11.2f}{steady[k]:10.0f}"
-              f"{steady['lazyseq'] / steady[k]:11.2f}{conv:>12s}{cpu_ms[k]:12.2f}")
+              f"{steady['lazyseq'] / steady[k]:11.2f}{conv:>12s}{cpu_ms[k]:12.2f}{cores_busy[k]:12.0%}")
     print("images/s: the whole epoch from iter(), worker start-up included; steady/s: from the second batch on;\n"
           "lazyseq x: lazyseq's figure over the row's; convert: numpy/torch batch -> tinygrad per batch in the reader;\n"
-          "CPU: reader + workers per image over the epoch")
+          f"CPU: reader + workers per image over the epoch; cores busy: their CPU time over {cores} cores x the epoch")
+    where = where_time(best["lazyseq"])
+    if where:
+        print(where)
     return {**res, "rounds": rounds, "images_per_epoch": imgs, "images_per_s": rate, "steady_images_per_s": steady,
             "ratio": {k: rate["lazyseq"] / v for k, v in rate.items()},
             "steady_ratio": {k: steady["lazyseq"] / v for k, v in steady.items()},
             "convert_ms_per_batch": {k: v for k, v in conv_ms.items() if k != "lazyseq"},
-            "cpu_ms_per_image": cpu_ms, "runs": runs}
+            "cpu_ms_per_image": cpu_ms, "cores_busy": cores_busy, "runs": runs}
+
+
+def where_time(r: dict) -> str | None:
+    """Where lazyseq's epoch went: the reader's waits and its workers' time in jobs (stats()['prefetch'])."""
+    p = (r.get("stats") or {}).get("prefetch") or {}
+    if "busy_seconds" not in p:
+        return None
+    return (f"lazyseq's best round: the reader waited for batches {p['wait_seconds']:.2f} s of the {r['seconds']:.2f} s epoch;\n"
+            f"  its {NWORKERS} workers were inside jobs {p['busy_seconds']:.2f} s, "
+            f"{p['busy_seconds'] / (r['seconds'] * NWORKERS):.0%} of {NWORKERS} x the epoch "
+            "(the rest: start-up, the epoch's tail, waiting for a job or a free slot)")
 
 
 if __name__ == "__main__":  # python -m lazyseq.bench dataloader is the entry point; this also works

@@ -51,7 +51,7 @@ class Window:
     """The jobs in flight and the results ready for one reader of ``seq`` through ``backend``."""
 
     COUNTERS: ClassVar[dict[str, float]] = dict(items=0, jobs=0, chunk=1, waits=0, wait_seconds=0.0, jumps=0,
-                                                moved=0)
+                                                moved=0, busy_seconds=0.0)
 
     def __init__(self, seq: Any, backend: Backend, nworkers: int, max_buffered: int, timeout: float | None,
                  stats: dict, describe: str):
@@ -346,6 +346,7 @@ class Window:
             part = r[res.first : res.first + len(items)]
             if res.final:
                 self._adapt(len(r), res.seconds, res.nbytes)
+                self.stats["busy_seconds"] += res.seconds  # the workers' time in jobs: idle = wall x nworkers - this
             elif res.first <= self.done.get(res.job_id, 0):  # (parts may come out of order: keep the prefix)
                 self.done[res.job_id] = max(self.done.get(res.job_id, 0), res.first + len(items))
             self.stats["items"] += len(part)
