@@ -162,8 +162,10 @@ class Store(View):
         if s is None or s.opened != self._opened:
             if not self._is_open[k].all():
                 return None  # the shard-by-shard path opens them first
-            with self._lock:
-                s = self._span = Spans(self._opened, dict(self._open), len(self.records), self._rows, len(self.fields))
+            # no lock (a forked child may inherit it held): the count read first, then one copy of
+            # the open shards, made in one C call; a shard opened meanwhile only makes it remade later
+            opened = self._opened
+            s = self._span = Spans(opened, dict(self._open), len(self.records), self._rows, len(self.fields))
         return s if s.whole or s.covered[k].all() else None
 
     def _rows(self, k: int) -> int:

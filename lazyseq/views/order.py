@@ -22,7 +22,7 @@ __all__ = ["shuffle", "shard"]
 _M64 = (1 << 64) - 1
 _C1, _C2 = 0x9E3779B1, 0xBF58476D1CE4E5B9
 _U = tuple(np.uint64(v) for v in (_C1, _C2, 32, 29))
-_BLOCK = 1 << 16  # positions of a shuffle mapped at once by a bulk read (a batch): see Shuffle._block
+_BLOCK = 1 << 15  # positions of a shuffle mapped at once by a bulk read (a batch): see Shuffle._block
 
 
 def _mix(v, key):
@@ -86,24 +86,29 @@ class Shuffle(FollowsEpoch, Remap):
             b0, b1 = first // _BLOCK, last // _BLOCK
             if b1 - b0 < 2:
                 table = self._block(b0) if b0 == b1 else np.concatenate([self._block(b0), self._block(b1)])
-                return table[idx - b0 * _BLOCK]
+                return table[idx - b0 * _BLOCK].astype(np.int64)
         return self._permute(idx)
 
     def _block(self, b: int) -> np.ndarray:
         """Where positions ``b * _BLOCK`` on go (computed at once, ~0.05 us a position, and a few
-        hundred us per block for the last indices' cycle walks); the last three blocks (1.5 MB) are
-        kept, so reading an epoch in order computes each block once."""
+        hundred us per block for the last indices' cycle walks); the last two blocks are kept
+        (int32 below 2**31 items: 256 kB), so reading an epoch in order computes each block once."""
         for k, table in self._recent:
             if k == b:
                 return table
-        table = self._permute(np.arange(b * _BLOCK, min(self._n, (b + 1) * _BLOCK), dtype=np.int64))
-        self._recent = ((b, table), *self._recent[:2])  # one assignment: readers in other threads see either
+        table = self._walk(np.arange(b * _BLOCK, min(self._n, (b + 1) * _BLOCK), dtype=np.uint64))
+        if self._n <= 2**31:
+            table = table.astype(np.int32)
+        self._recent = ((b, table), *self._recent[:1])  # one assignment: readers in other threads see either
         return table
 
     def _permute(self, idx: np.ndarray) -> np.ndarray:
         """``_map`` of every index, vectorised: the Feistel rounds on uint64 arrays (wrapping as the
         Python version masks), cycle-walking only the indices still outside [0, n)."""
-        out = idx.astype(np.uint64)
+        return self._walk(idx.astype(np.uint64))
+
+    def _walk(self, out: np.ndarray) -> np.ndarray:
+        """``_permute`` in place on a uint64 array of indices; returns it as int64."""
         n = np.uint64(self._n)
         self._rounds_on(out)
         todo = np.flatnonzero(out >= n)
@@ -115,8 +120,15 @@ class Shuffle(FollowsEpoch, Remap):
         return out.view(np.int64)  # every value < n
 
     def _rounds_on(self, y: np.ndarray) -> None:
-        """The Feistel network on ``y`` in place (three scratch arrays, no other allocation)."""
-        low, h, t = np.empty_like(y), np.empty_like(y), np.empty_like(y)
+        """The Feistel network on ``y`` in place, 8192 values at a time (three scratch arrays of
+        64 kB: what a worker's heap keeps of them stays small)."""
+        m = min(len(y), 8192)
+        low, h, t = np.empty(m, np.uint64), np.empty(m, np.uint64), np.empty(m, np.uint64)
+        for a in range(0, len(y), m):
+            b = min(len(y), a + m)
+            self._rounds_part(y[a:b], low[: b - a], h[: b - a], t[: b - a])
+
+    def _rounds_part(self, y: np.ndarray, low: np.ndarray, h: np.ndarray, t: np.ndarray) -> None:
         c1, c2, s32, s29 = _U[0], _U[1], _U[2], _U[3]
         for lo, lo_mask, hi, hi_mask, key in self._urounds:
             np.bitwise_and(y, lo_mask, out=low)
