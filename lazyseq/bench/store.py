@@ -324,8 +324,9 @@ def run(quick: bool = False) -> dict:
               "memory-mapped);\n  with_format('numpy') returns the images as int64 (its default for integers)")
     print_reads(f"\n(c) one epoch of {n} items in a shuffled order, batches of {BATCH}; best of {rounds}",
                 "items/s", epoch, lambda mine, v: mine / v, 0)
-    print("lazyseq: batch(shuffle(store), 256, collate_fn=default_collate), read by columns (one gather per field\n"
-          "  and shard, no item built); np.memmap: fancy indexing of both maps by a permutation's slice; datasets:\n"
+    print("lazyseq: batch(shuffle(store), 256, collate_fn=default_collate), read by columns (one fancy index per\n"
+          "  field across the shards' memory maps, no item built); np.memmap: fancy indexing of both maps by a\n"
+          "  permutation's slice; datasets:\n"
           f"  dataset[indices]; {PREFETCHED}: the same batches through prefetch(method='process'), each batch\n"
           "  built in a shared-memory slot, timed from the first batch")
     loop, mine = seconds["single-process loop"], seconds["lazyseq.save"]
