@@ -358,14 +358,16 @@ class Gather(View):
         return read(ind, idx)
 
     def _get_many_fn(self) -> Callable[[Sequence[int]], list]:
-        listed = self._list and self._trust and type(self)._get_many is Gather._get_many
-        return self._gather_listed if listed else self._get_many
+        return self._gather_trusted if self._trust and type(self)._get_many is Gather._get_many else self._get_many
 
-    def _gather_listed(self, idx: Sequence[int]) -> list:
-        """``_get_many`` with a list of indexes over a source that checks them itself."""
-        ind = self.indexes  # a batch reads a run of positions: one slice of the list (never a short one)
-        if type(idx) is range and idx.step == 1 and 0 <= idx.start and idx.stop <= len(ind):
-            js = ind[idx.start : idx.stop]
+    def _gather_trusted(self, idx: Sequence[int]) -> list:
+        """``_get_many`` over a source that checks its keys itself: its IndexError, if any, is
+        then turned into a clear one naming our bad index."""
+        ind = self.indexes
+        if not self._list:
+            js = self._indices(idx, read_many)
+        elif type(idx) is range and idx.step == 1 and 0 <= idx.start and idx.stop <= len(ind):
+            js = ind[idx.start : idx.stop]  # a batch reads a run of positions: one slice (never a short one)
         else:
             js = list(map(ind.__getitem__, idx))
         try:
@@ -376,15 +378,10 @@ class Gather(View):
             raise
 
     def _get_many(self, idx: Sequence[int]) -> list:
+        if self._trust:
+            return self._gather_trusted(idx)
         js = list(map(self.indexes.__getitem__, idx)) if self._list else self._indices(idx, read_many)
-        if not self._trust:
-            js = [self._index(j) for j in js]
-        try:
-            return self._rdm(js)
-        except IndexError:
-            for j in js:
-                self._index(j)
-            raise
+        return self._rdm([self._index(j) for j in js])  # checked: an IndexError now is the source's own
 
     def _get_each(self, idx: Sequence[int], out: list | None = None) -> list:
         raw = self._indices(idx, read_each)  # an index view's failing items fail ours

@@ -153,7 +153,7 @@ def monitor_throughput(seq: Any) -> ThroughputMonitor:
 # -- time per stage --------------------------------------------------------------------------------
 # the read protocol: where a view spends its time; with the reads a view above may bind instead of
 # _get and _get_many (Node._get_fn, _get_many_fn), and a slice's own __getitem__
-_READS = ("_get", "_get_many", "_get_each", "_get_listed", "_gather_listed", "_map_plain", "__getitem__")
+_READS = ("_get", "_get_many", "_get_each", "_get_listed", "_gather_trusted", "_map_plain", "__getitem__")
 
 
 class Stage:

@@ -650,7 +650,7 @@ def test_the_bound_fast_reads_keep_every_check_and_error():
     g = ls.gather(m, [3, 5, -1, 0, 17, 1, 40, 2])  # -1: the last item; 40: out of range
     b = ls.batch(g, 3)
     top = ls.smap(len, b)[1:]
-    assert m._get_many_fn() == m._map_plain and g._get_many_fn() == g._gather_listed and b._get_fn() == b._get_listed
+    assert m._get_many_fn() == m._map_plain and g._get_many_fn() == g._gather_trusted and b._get_fn() == b._get_listed
     padded = ls.batch(g, 3, pad=0)
     assert padded._get_fn() == padded._get  # a pad: the general read
     assert b[0] == [30, 50, 290] and ls.smap(sum, b)[:1][-1] == 370

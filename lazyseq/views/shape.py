@@ -89,12 +89,7 @@ class Batch(View):
         stop = start + self.k
         n = self._srclen()
         items = self._rdm(range(start, stop if stop < n else n))
-        if self.collate_fn is None:
-            return items
-        try:
-            return self.collate_fn(items)
-        except Exception as e:
-            raise wrap_error(e, i, self)  # noqa: B904
+        return items if self.collate_fn is None else self._collate(items, i)
 
     def _get(self, i: int) -> Any:
         k = self.k
@@ -117,8 +112,9 @@ class Batch(View):
             stop = start + len(items)
         if self.padded and stop - start < k:
             items.extend([self.pad] * (k - (stop - start)))
-        if self.collate_fn is None:
-            return items
+        return items if self.collate_fn is None else self._collate(items, i)
+
+    def _collate(self, items: list, i: int) -> Any:
         try:
             return self.collate_fn(items)
         except Exception as e:
