@@ -57,11 +57,9 @@ if hasattr(os, "register_at_fork"):
 # to ~280 records fit before a send blocks. 64 stays far below, so sending never blocks the reader,
 # even behind a worker stuck on one item while the reader jumps about and gives up job after job.
 MAX_QUEUED = 64
-# A slot goes back to the worker that has it mapped unless that one has this many more jobs waiting.
-# 0: only among the least loaded. A worker writing a slot for the first time faults in its pages
-# (~15 ms for 35 MB), but a job queued behind another worker's while one idles costs more: at 2,
-# the DataLoader bench's second worker idled 0.4-0.7 s of a 1.7 s epoch (jobs wait in one worker's
-# pipe; a slot frees only when the reader takes the oldest batch).
+# A slot goes back to the worker that has it mapped unless that one has more jobs waiting (first
+# writes fault a slot's pages in: ~15 ms for 35 MB; at 2 more, one DataLoader bench worker idled
+# 0.4-0.7 s of a 1.7 s epoch while jobs waited in the other's pipe).
 _AFFINITY = 0
 
 
