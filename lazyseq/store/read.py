@@ -157,7 +157,10 @@ class Store(View):
 
     def _spans(self, k: np.ndarray) -> Spans | None:
         """For :mod:`.gather`: the fixed fields' rows over shards ``k`` (all open memory maps) as
-        one array each (:class:`.span.Spans`), or None."""
+        one array each (:class:`.span.Spans`), or None. A local store only: a remote one keeps
+        every shard it opened, so remaking the snapshot at each opening would cost O(shards**2)."""
+        if self.remote is not None:
+            return None
         s = self._span
         if s is None or s.opened != self._opened:
             if not self._is_open[k].all():

@@ -1,5 +1,6 @@
-"""A fixed field's rows across the open shards of a local store, read as one array: a bulk read
-over many shards is one fancy index per field instead of a ``np.take`` per field and shard.
+"""A fixed field's rows across the open shards of a local store (memory maps), read as one array:
+a bulk read over many shards is one fancy index per field instead of a ``np.take`` per field and
+shard.
 
 The shards are separate memory maps at unrelated addresses. :class:`Spans` covers them with one
 read-only byte array whose row ``r`` is the ``row_bytes`` bytes starting ``r`` bytes after the
@@ -72,8 +73,8 @@ class Spans:
         tables: list[dict[int, np.ndarray]] = [{} for _ in range(nfields)]
         for k, shard in shards.items():
             ts = shard.tables
-            if shard.remote or not rows(k):
-                continue  # read by ranges, or empty: never in a span
+            if not rows(k):
+                continue  # empty: never in a span
             if any(t is not None and (not isinstance(t, np.ndarray) or len(t) != rows(k)) for t in ts):
                 continue  # not the rows the manifest says: leave it to the shard-by-shard path
             self.covered[k] = True
