@@ -5,9 +5,11 @@ The API is a superset of seqtools' (``import lazyseq as seqtools`` works).
 """
 
 from . import instrument
-from .base import View
-from .batching import pad_collate, varlen_collate
-from .dataloader import DataLoader, default_collate
+from .core.base import View
+from .core.fingerprints import fingerprint
+from .core.moved import alias_earlier_names
+from .core.moved import earlier_module as __getattr__  # noqa: F401 - lazyseq.base after import lazyseq.base
+from .core.serialization import SerializableFunc
 from .errors import (
     EvaluationError,
     PrefetchClosed,
@@ -21,10 +23,10 @@ from .errors import (
     seterr,
 )
 from .evaluation import empty, empty_like, prefetch, shutdown_ray
-from .fingerprints import fingerprint
-from .serialization import SerializableFunc
+from .loader.batching import pad_collate, varlen_collate
+from .loader.dataloader import DataLoader, default_collate
+from .loader.tensor import to_tensor
 from .store import Store, load, save
-from .tensor import to_tensor
 from .views.bucketing import bucket
 from .views.caching import add_cache
 from .views.chunked import block_shuffle, chunks
@@ -37,6 +39,8 @@ from .views.order import shard, shuffle
 from .views.packing import pack
 from .views.schedules import schedule
 from .views.shape import Pad, batch, collate, concatenate, split, unbatch
+
+alias_earlier_names()  # pickles and fingerprints written before the layout by layer (lazyseq.core.moved)
 
 __version__ = "0.1.0"
 

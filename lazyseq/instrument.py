@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from .base import View
+from .core.base import View
+from .core.node import check_source, describe_source, is_finite, read_many, reader
 from .errors import wrap_error
 from .helpers import fname
-from .node import check_source, describe_source, is_finite, read_many, reader
 
 __all__ = ["debug", "monitor_throughput", "profile", "profiling", "Profile", "Stage"]
 

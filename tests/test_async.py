@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lazyseq as ls
-from lazyseq import aio
+from lazyseq.core import aio
 
 
 async def double(x):

@@ -8,9 +8,9 @@ import pickle
 import pytest
 
 import lazyseq as ls
+from lazyseq.core.node import Failed
 from lazyseq.errors import raised
 from lazyseq.evaluation import wire
-from lazyseq.node import Failed
 
 
 def outcome(view, i):

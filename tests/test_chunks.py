@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lazyseq as ls
-from lazyseq.node import Failed
+from lazyseq.core.node import Failed
 
 SETTINGS = settings(max_examples=int(100 * float(os.environ.get("LAZYSEQ_TEST_SCALE", "1"))), deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import lazyseq as ls
-from lazyseq.seeding import WorkerInit
+from lazyseq.loader.seeding import WorkerInit
 
 
 class Augmented:

@@ -1,5 +1,5 @@
 """The documentation site (mkdocs.yml, docs/): every public name (``lazyseq.__all__``, the
-``__all__`` of ``lazyseq.instrument``, ``lazyseq.cc``, ``lazyseq.aio`` and ``lazyseq.store``) has an
+``__all__`` of ``lazyseq.instrument``, ``lazyseq.loader.cc``, ``lazyseq.core.aio`` and ``lazyseq.store``) has an
 API reference entry, and every page is in the nav.
 
 The site itself is built by ``.ci/run`` (``mkdocs build --strict``, a few seconds), which fails on
@@ -75,7 +75,7 @@ def load_extension():
 # lazyseq's public modules with an __all__ of their own, rendered whole (``::: module`` with
 # ``filters: public``) so that a new name there appears without a new entry. The griffe extension
 # keeps the same list (WHOLE_MODULES), to link the roles of their docstrings.
-WHOLE_MODULES = ("lazyseq.instrument", "lazyseq.cc", "lazyseq.aio")
+WHOLE_MODULES = ("lazyseq.instrument", "lazyseq.loader.cc", "lazyseq.core.aio")
 
 
 def test_instrument_cc_aio_and_store_names_are_documented():
@@ -109,13 +109,13 @@ def test_docstrings_render_as_markdown():
     ext = load_extension()
     assert ext.WHOLE_MODULES == WHOLE_MODULES
     names, modules = ext.public_names(), ext.module_names()
-    text = "See :func:`prefetch` and :class:`~lazyseq.base.View`, not :func:`read_many`.\n\n>>> 1 + 1\n2\n\nAfter."
+    text = "See :func:`prefetch` and :class:`~lazyseq.core.base.View`, not :func:`read_many`.\n\n>>> 1 + 1\n2\n\nAfter."
     assert ext.fence_doctests(ext.link_roles(text, names, modules, "lazyseq.views.mapping")) == (
         "See [`prefetch`][lazyseq.prefetch] and [`View`][lazyseq.View], not `read_many`.\n\n"
         "```pycon\n>>> 1 + 1\n2\n```\n\nAfter.")
     # a name of the docstring's own module, when that module is rendered whole, wins over lazyseq's
-    assert ext.link_roles(":func:`gather`", names, modules, "lazyseq.aio") == "[`gather`][lazyseq.aio.gather]"
-    assert ext.link_roles(":func:`gather`", names, modules, "lazyseq.base") == "[`gather`][lazyseq.gather]"
+    assert ext.link_roles(":func:`gather`", names, modules, "lazyseq.core.aio") == "[`gather`][lazyseq.core.aio.gather]"
+    assert ext.link_roles(":func:`gather`", names, modules, "lazyseq.core.base") == "[`gather`][lazyseq.gather]"
     assert ext.link_roles(":func:`lazyseq.instrument.debug`", names, modules) == "[`debug`][lazyseq.instrument.debug]"
     listed = "- item:\n\n  >>> x = 1  # doctest: +SKIP\n  >>> x\n  1\n- next"
     assert ext.fence_doctests(listed) == "- item:\n\n  ```pycon\n  >>> x = 1\n  >>> x\n  1\n  ```\n- next"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import lazyseq
-from lazyseq.fingerprints import NotResumable, difference
+from lazyseq.core.fingerprints import NotResumable, difference
 
 
 def double(x):

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import lazyseq as ls
-from lazyseq.base import span
+from lazyseq.core.base import span
 
 EXAMPLES = int(os.environ.get("LAZYSEQ_FUZZ_EXAMPLES") or (80 if os.environ.get("CI") else 150))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=bool(os.environ.get("CI")),

@@ -1,4 +1,4 @@
-"""Notebook display (lazyseq/html.py): a view's ``_repr_html_`` shows its tree, its length and its
+"""Notebook display (lazyseq/core/html.py): a view's ``_repr_html_`` shows its tree, its length and its
 first items (thumbnails for images), escaped, bounded in time, never raising; the text repr is
 unchanged; the DataLoader's ``repr`` shows its settings and its dataset's tree."""
 
@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 import lazyseq
-from lazyseq import html as lhtml
+from lazyseq.core import html as lhtml
 
 PNG_URI = re.compile(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
 
 
 def decode_png(data: bytes) -> np.ndarray:
-    """A minimal PNG reader for what lazyseq.html.png writes: 8-bit, filter 0, one IDAT."""
+    """A minimal PNG reader for what lazyseq.core.html.png writes: 8-bit, filter 0, one IDAT."""
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     pos, chunks = 8, {}
     while pos < len(data):

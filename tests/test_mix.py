@@ -302,7 +302,7 @@ def test_pickles_and_describes():
     (dict(weights=[1, float("nan")]), ValueError, "finite"),
     (dict(weights=[1, float("inf")]), ValueError, "finite"),
     (dict(weights=[1, Decimal("NaN")]), ValueError, "finite"),
-    (dict(weights=[1]), ValueError, "1 weights for 2 sequences"),
+    (dict(weights=[1]), ValueError, "1 weight for 2 sequences"),
     (dict(weights=[1, "2"]), TypeError, "real numbers"),
     (dict(weights=[1, True]), TypeError, "real numbers"),
     (dict(weights="12"), TypeError, "list of numbers"),

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lazyseq as ls
-from lazyseq.dataloader_checks import order_checks
+from lazyseq.loader.checks import order_checks
 from lazyseq.views.mixing import BLOCK
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -187,12 +187,20 @@ def test_stop_modes():
 def test_errors():
     with pytest.raises(ValueError, match="at position 0"):
         ls.schedule([(5, [1, 1])])
-    with pytest.raises(ValueError, match="must increase"):
+    with pytest.raises(ValueError, match=r"^schedule: breakpoints out of order: breakpoint 2 is at position 10, after one at 10"):
         ls.schedule([(0, [1, 1]), (10, [1, 2]), (10, [2, 1])])
+    with pytest.raises(ValueError, match=r"^schedule: breakpoints out of order: breakpoint 2 is at position 5, after one at 10"):
+        ls.schedule([(0, [1, 1]), (10, [1, 2]), (5, [2, 1])])
     with pytest.raises(ValueError, match="'step' or 'linear'"):
         ls.schedule([(0, [1, 1])], interpolate="cubic")
-    with pytest.raises(ValueError, match="2 weights for 3"):
+    with pytest.raises(ValueError, match=r"^schedule: breakpoint 1 \(position 10\) has 2 weights, the first breakpoint 3"):
         ls.schedule([(0, [1, 1, 1]), (10, [1, 2])])
+    with pytest.raises(ValueError, match=r"^schedule: breakpoint 1 \(position 10\) has 1 weight, the first breakpoint 2"):
+        ls.schedule([(0, [1, 1]), (10, [1])])  # said 'mix: 1 weights for 2 sequences'
+    with pytest.raises(ValueError, match=r"^schedule: breakpoint 2 \(position 20\): the weights sum to zero"):
+        ls.schedule([(0, [1, 1]), (10, [1, 2]), (20, [0, 0])], interpolate="linear")
+    with pytest.raises(TypeError, match=r"^schedule: breakpoint 0 \(position 0\): weights must be real numbers"):
+        ls.schedule([(0, [1, "a"])])
     with pytest.raises(ValueError, match="for 2 sources; 3 sequences"):
         ls.mix(["a", "b", "c"], ls.schedule([(0, [1, 1])]))
     with pytest.raises(ValueError, match="are for 3 sources"):

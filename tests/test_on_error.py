@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import lazyseq as ls
-from lazyseq.node import Failed
+from lazyseq.core.node import Failed
 
 BAD = {3, 4, 9}
 

@@ -3,7 +3,7 @@
 ``import lazyseq.x`` must give the module ``lazyseq/x.py``: a function ``lazyseq.x`` would make
 ``lazyseq.x`` mean two things (the attribute after ``import lazyseq``, the module for
 ``import lazyseq.x`` and for the documentation tools, which read the files), as ``lazyseq.collate``
-did while ``default_collate`` lived in ``lazyseq/collate.py`` (now ``lazyseq/batching.py``).
+did while ``default_collate`` lived in ``lazyseq/collate.py`` (now ``lazyseq/loader/batching.py``).
 
 Optional dependencies (tinygrad, Ray, torch, Pillow, psutil ...) are imported where they are used,
 never when a module is imported: the check runs in a fresh interpreter (where nothing has imported a
@@ -78,7 +78,7 @@ def walked() -> dict:
 
 
 def test_every_module_imports_by_its_dotted_name_without_the_optional_dependencies(walked):
-    assert {"lazyseq.batching", "lazyseq.dataloader", "lazyseq.views.shape", "lazyseq.evaluation.actors",
+    assert {"lazyseq.loader.batching", "lazyseq.loader.dataloader", "lazyseq.views.shape", "lazyseq.evaluation.actors",
             "lazyseq.bench", "lazyseq.bench.__main__", "lazyseq.bench.memory", "lazyseq.bench.spdl"} <= set(walked["modules"])
     assert not walked["failed"], walked["failed"]  # an optional dependency imported at the top: import it where it is used
     assert not walked["not_modules"], walked["not_modules"]
@@ -92,10 +92,10 @@ def test_no_public_name_hides_a_module(walked):
 
 
 def test_collate_is_the_view_and_batching_holds_default_collate():
-    import lazyseq.batching
+    import lazyseq.loader.batching
     import lazyseq.views.shape
 
     assert lazyseq.collate is lazyseq.views.shape.collate  # seqtools' collate stays
     assert list(lazyseq.collate([[1, 2], "ab"])) == [(1, "a"), (2, "b")]
-    assert lazyseq.default_collate is lazyseq.batching.default_collate
+    assert lazyseq.default_collate is lazyseq.loader.batching.default_collate
     assert importlib.util.find_spec("lazyseq.collate") is None

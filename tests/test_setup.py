@@ -1,5 +1,5 @@
 """Set-up with pip alone: tinygrad's CPU device compiles through pip's ziglang where there is no
-clang (lazyseq/cc.py, lazyseq/cc.sh), and where there is nothing, lazyseq says what to install.
+clang (lazyseq/loader/cc.py, lazyseq/loader/cc.sh), and where there is nothing, lazyseq says what to install.
 
 The subprocess tests run with an empty PATH (no clang, no cc, no zig) and an empty tinygrad
 compile cache (CACHEDB), so every kernel is really compiled by what lazyseq set up.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lazyseq import cc
+from lazyseq.loader import cc
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_zig = pytest.mark.skipif(cc.zig_binary() is None, reason="the ziglang package is not installed")
@@ -108,7 +108,7 @@ def test_shim_without_zig_says_so(tmp_path):
 
 
 def test_shim_is_executable_and_packaged():
-    assert os.access(cc.SHIM, os.X_OK), "lazyseq/cc.sh lost its executable bit"
+    assert os.access(cc.SHIM, os.X_OK), "lazyseq/loader/cc.sh lost its executable bit"
     assert Path(cc.SHIM).read_text().startswith("#!/bin/sh\n")
 
 
@@ -151,13 +151,13 @@ def test_nothing_usable_raises_what_to_install(fresh_cc, monkeypatch, machine, z
 
 def test_import_lazyseq_leaves_the_environment_alone(tmp_path):
     """No clang on PATH, ziglang installed: ``import lazyseq`` still sets nothing (CC is set when
-    tinygrad is first used through lazyseq), and does not import lazyseq.cc."""
+    tinygrad is first used through lazyseq), and does not import lazyseq.loader.cc."""
     proc = run_script(tmp_path, """
         import os, sys
         before = dict(os.environ)
         import lazyseq
         assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())
-        assert "lazyseq.cc" not in sys.modules and "tinygrad" not in sys.modules
+        assert "lazyseq.loader.cc" not in sys.modules and "tinygrad" not in sys.modules
         print("ok")
     """)
     assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stderr
@@ -185,7 +185,7 @@ def test_a_dataloader_that_makes_tensors_sets_the_compiler_up(tmp_path):
     proc = run_script(tmp_path, """
         import os
         import lazyseq
-        from lazyseq import cc
+        from lazyseq.loader import cc
         assert "CC" not in os.environ
         lazyseq.DataLoader(list(range(4)), batch_size=2, to_tensor=False)  # numpy batches: nothing to set
         assert "CC" not in os.environ
@@ -229,7 +229,7 @@ def test_pip_only_to_tensor_and_dataloader_compute(tmp_path):
         import os
         import numpy as np
         import lazyseq
-        from lazyseq import cc
+        from lazyseq.loader import cc
         from tinygrad import Tensor
 
         assert "CC" not in os.environ  # import lazyseq sets nothing: the first use through lazyseq does
@@ -272,7 +272,8 @@ def test_nothing_to_compile_with(tmp_path):
     proc = run_script(tmp_path, """
         import numpy as np
         import lazyseq
-        from lazyseq import cc, demo
+        from lazyseq import demo
+        from lazyseq.loader import cc
 
         assert cc.setup() is None
         batch = {"x": np.arange(6, dtype=np.int32).reshape(2, 3), "y": np.float32(2.5), "n": 7}

@@ -13,7 +13,7 @@ from test_store_columns import same
 
 import lazyseq
 from lazyseq import default_collate
-from lazyseq.jobslot import JobSlot, set_current
+from lazyseq.core.jobslot import JobSlot, set_current
 from lazyseq.store import gather as gather_mod
 from lazyseq.store import read
 

@@ -13,7 +13,7 @@ import lazyseq
 tinygrad = pytest.importorskip("tinygrad")
 from tinygrad import Device, Tensor, dtypes  # noqa: E402
 
-from lazyseq.tensor import ALIGN, to_tensor  # noqa: E402
+from lazyseq.loader.tensor import ALIGN, to_tensor  # noqa: E402
 
 Sample = collections.namedtuple("Sample", "image label")
 DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64", "float16", "float32", "float64"]
@@ -35,13 +35,13 @@ def aligned(n: int, dtype=np.float32) -> np.ndarray:
 
 
 def test_import_lazyseq_does_not_import_tinygrad():
-    code = "import sys, lazyseq, lazyseq.tensor; assert 'tinygrad' not in sys.modules"
+    code = "import sys, lazyseq, lazyseq.loader.tensor; assert 'tinygrad' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_missing_tinygrad_says_how_to_install():
     code = ("import sys; sys.modules['tinygrad'] = None\n"
-            "from lazyseq.tensor import to_tensor\n"
+            "from lazyseq.loader.tensor import to_tensor\n"
             "try:\n    to_tensor(1)\nexcept ImportError as e:\n    print(e)")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert "pip install 'lazyseq[tinygrad]'" in out

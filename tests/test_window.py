@@ -7,12 +7,12 @@ from typing import ClassVar
 import pytest
 
 import lazyseq
+from lazyseq.core.node import Exhausted
 from lazyseq.errors import PrefetchTimeout
 from lazyseq.evaluation import window as window_module
 from lazyseq.evaluation import wire
 from lazyseq.evaluation.backend import Result
 from lazyseq.evaluation.window import Window
-from lazyseq.node import Exhausted
 
 
 class FakeBackend:

@@ -31,7 +31,7 @@ _FENCE = re.compile(r"^\s*(```|~~~)")
 
 # Modules whose reference page renders them whole (``::: module`` with ``filters: public``): their
 # ``__all__`` names are documented as ``module.name``.
-WHOLE_MODULES = ("lazyseq.instrument", "lazyseq.cc", "lazyseq.aio")
+WHOLE_MODULES = ("lazyseq.instrument", "lazyseq.loader.cc", "lazyseq.core.aio")
 
 
 def public_names() -> dict[str, str]:

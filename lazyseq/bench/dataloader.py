@@ -177,7 +177,7 @@ Opened = tuple[Iterator, Callable[[Any], Any] | None, Callable[[], dict]]
 
 
 def torch_to_tinygrad(b: Any) -> Any:
-    from lazyseq.tensor import to_tensor
+    from lazyseq.loader.tensor import to_tensor
 
     x, y = b
     return to_tensor((x.numpy(), y.numpy()), device="CPU")

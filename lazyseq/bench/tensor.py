@@ -44,7 +44,7 @@ def run(quick: bool = False) -> dict:
     except ImportError:
         print("(tinygrad is not installed: pip install 'lazyseq[tinygrad]')")
         return {"scenario": "tensor", "quick": quick, "skipped": "tinygrad is not installed"}
-    from lazyseq.tensor import to_tensor
+    from lazyseq.loader.tensor import to_tensor
 
     dev = Device.canonicalize(None)
 

@@ -13,8 +13,8 @@ import time
 from collections import deque
 from typing import Any
 
+from ..core.node import Exhausted
 from ..errors import NotWrapped, PrefetchTimeout
-from ..node import Exhausted
 from . import wire
 from .backend import STREAM
 from .window import _LATE, _POLL, BUDGET, Window

@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from .. import aio
-from ..base import Remap
+from ..core import aio
+from ..core.base import Remap
+from ..core.node import Failed, is_node, reader
 from ..errors import PrefetchClosed, WorkerStartError, wrap_error
-from ..node import Failed, is_node, reader
 from ..views.mapping import Map, SeededMap, item_rng
 from . import wire
 from .backend import STREAM, Result, Settings

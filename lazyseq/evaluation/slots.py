@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from ..core.jobslot import empty
 from ..helpers import ALIGN, PAGE, forced
-from ..jobslot import empty
 
 __all__ = ["SlotPool", "SlotAnchor", "empty", "empty_like"]
 

@@ -9,10 +9,10 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..base import View
+from ..core.base import View
+from ..core.node import Exhausted, check_source, is_finite, length
 from ..errors import EvaluationError, PrefetchClosed, PrefetchTimeout, passthrough, wrap_error
 from ..helpers import usable_cores
-from ..node import Exhausted, check_source, is_finite, length
 from . import wire
 from .actors import RayBackend, cluster_cpus, options_error, ray_missing
 from .backend import Backend, Settings, Words

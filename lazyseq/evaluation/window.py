@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from ..core.node import Exhausted, length
 from ..errors import PrefetchTimeout
-from ..node import Exhausted, length
 from . import wire
 from .backend import STREAM, Backend, Result
 

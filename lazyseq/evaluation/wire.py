@@ -11,11 +11,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .. import tree
+from ..core import tree
+from ..core.jobslot import JobSlot
+from ..core.node import Exhausted, Failed, is_node, read_each, reader
 from ..errors import EvaluationError, raised
 from ..helpers import ALIGN, PAGE
-from ..jobslot import JobSlot
-from ..node import Exhausted, Failed, is_node, read_each, reader
 
 JOB = struct.Struct("<qqqqq")  # job id, first index, step, count, slot (-1: no slot)
 # job id, kind, number of slot buffers, bytes needed, seconds spent, where in the job the items start

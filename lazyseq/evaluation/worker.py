@@ -19,9 +19,9 @@ from typing import Any
 
 import cloudpickle
 
-from .. import jobslot
+from ..core import jobslot
+from ..core.jobslot import JobSlot
 from ..helpers import forced
-from ..jobslot import JobSlot
 from . import slots, wire
 from .backend import STREAM, Running
 from .slots import SlotPool

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import View
+from ..core.base import View
 from . import cache
 from .samples import GPT, check_int
 

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
-from ..base import View
+from ..core.base import View
 from ..errors import RemoteReadError, StoreError
 from ..files import Remote, RemoteFile, is_url, local_path, redact
 from . import access

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..jobslot import empty
+from ..core.jobslot import empty
 from . import format as fmt
 
 __all__ = ["gather"]

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from ..base import View
+from ..core.base import View
 from ..errors import RemoteReadError, StoreError
 from ..files import DiskCache, Remote, is_url, local_path, redact
 from . import checks

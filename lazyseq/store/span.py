@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..jobslot import current, empty
+from ..core.jobslot import current, empty
 
 __all__ = ["Spans"]
 

@@ -31,10 +31,10 @@ from ..errors import RemoteReadError, StoreError
 from ..files import Remote, redact
 from ..files.writes import delete, listing, put_bytes, put_file, read_many, read_small
 from . import format as fmt
+from .job import ShardWriter, default_fingerprint, finite_length, make_manifest, prepare, progress_bar, resume_note, run_job
 from .lease import LOCK, Lease
 from .remote import remote_manifest
 from .shardfile import write_shard
-from .write import ShardWriter, _default_fingerprint, _length, _prepare, _progress_bar, _run, make_manifest, resume_note
 
 __all__ = ["save_url", "Uploader", "Area", "PARTIAL"]
 
@@ -73,7 +73,7 @@ class Uploader:
 
 
 class Area:
-    """The partial area ``<url>/.lazyseq-partial/`` of a save, as :func:`~.write._prepare` uses it."""
+    """The partial area ``<url>/.lazyseq-partial/`` of a save, as :func:`~.job.prepare` uses it."""
 
     def __init__(self, remote: Remote):
         self.remote, self.url = remote, f"{remote.url}/{PARTIAL}"
@@ -153,22 +153,22 @@ def save_url(seq: Any, url: str, *, nworkers: int, method: str, shard_bytes: int
     """:func:`lazyseq.save` to ``url`` (see the module's docstring and docs/remote.md)."""
     _refuse(url, method)
     remote = Remote(url, storage_options, block_cache=0, timeout=timeout)  # no cache: every read is news
-    n, dest = _length(seq), remote.shown
+    n, dest = finite_length(seq), remote.shown
     objects = listing(remote)
     _owned(remote, objects, overwrite)
     with Lease(remote, quiet=progress is False) as lease:
         objects = listing(remote)  # again, now that no other save writes here
         owned = _owned(remote, objects, overwrite)
-        fingerprint = _default_fingerprint(seq, fingerprint)
+        fingerprint = default_fingerprint(seq, fingerprint)
         area = Area(remote)
-        ref, per_shard, resumed = _prepare(area, seq, n, shard_bytes, allow_pickle, fingerprint, overwrite, dest)
+        ref, per_shard, resumed = prepare(area, seq, n, shard_bytes, allow_pickle, fingerprint, overwrite, dest)
         writer = ShardWriter(seq, area.where, n, per_shard, ref, allow_pickle, dest if resumed else None)
         kept = area.kept(writer, objects) if resumed else {}
         done = resume_note(writer, kept, dest, progress) if resumed else 0
         tmpdir = tempfile.mkdtemp(prefix="lazyseq-save-")
         try:
             writer.sink = Uploader(remote, tmpdir, uuid.uuid4().hex[:8], kept)  # the workers' (pickled with the view)
-            records = _run(writer, nworkers, method, _progress_bar(progress, n, dest, done), set(kept)) if n else []
+            records = run_job(writer, nworkers, method, progress_bar(progress, n, dest, done), set(kept)) if n else []
         finally:
             shutil.rmtree(tmpdir, ignore_errors=True)
         manifest = make_manifest(n, per_shard, ref, fingerprint, records)

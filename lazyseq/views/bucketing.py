@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from ..base import View
+from ..core.base import View
+from ..core.node import bulk_reader, check_source, is_finite
 from ..errors import wrap_error
 from ..helpers import fname
-from ..node import bulk_reader, check_source, is_finite
 from .epochs import FollowsEpoch
 from .packing import positive_int
 from .packplan import Lazy, plan_buckets, source_lengths

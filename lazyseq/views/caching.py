@@ -7,9 +7,9 @@ from collections import OrderedDict
 from collections.abc import MutableMapping
 from typing import Any
 
-from ..base import View
-from ..jobslot import keepable
-from ..node import check_source, is_finite, reader
+from ..core.base import View
+from ..core.jobslot import keepable
+from ..core.node import check_source, is_finite, reader
 
 __all__ = ["add_cache"]
 

@@ -16,13 +16,13 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from ..base import Remap, View
+from ..core.base import Remap, View
+from ..core.fingerprints import file_identity
+from ..core.node import Failed, into, length
 from ..files import Remote, is_url, redact
 from ..files.fileobj import open_file
 from ..files.remote import check_settings
-from ..fingerprints import file_identity
 from ..helpers import fname
-from ..node import Failed, into, length
 from .epochs import FollowsEpoch
 
 __all__ = ["chunks", "block_shuffle"]

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..node import Node
+from ..core.node import Node
 
 __all__ = ["FollowsEpoch", "at_epoch", "check_epoch", "follows_epoch"]
 

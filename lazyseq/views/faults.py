@@ -16,10 +16,10 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..base import View
+from ..core.base import View
+from ..core.node import Exhausted, Failed, check_source, describe_source, into, is_finite, length, read_each, reader
 from ..errors import EvaluationError, passthrough, wrap_error
 from ..helpers import fname
-from ..node import Exhausted, Failed, check_source, describe_source, into, is_finite, length, read_each, reader
 
 __all__ = ["on_error", "Skip", "Errors", "tally"]
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from ..base import Gather, Remap, View, _infinite_range
-from ..keys import compose, span
-from ..node import Exhausted, check_source, length, reader
-from ..routed import Routed
+from ..core.base import Gather, Remap, View, _infinite_range
+from ..core.keys import compose, span
+from ..core.node import Exhausted, check_source, length, reader
+from ..core.routed import Routed
 
 __all__ = ["gather", "take", "arange", "cycle", "repeat", "interleave", "switch", "case", "uniter"]
 
@@ -27,7 +27,7 @@ def gather(seq: Any, indexes: Any) -> View:
 
     ``indexes`` is any sequence of ints (a list, a numpy array, another view); negative indexes
     count from the end of ``seq``. Writes go through to ``seq``. (The view class, ``Gather``, is in
-    :mod:`lazyseq.base`: an index-array key such as ``v[[3, 1]]`` builds one too.)
+    :mod:`lazyseq.core.base`: an index-array key such as ``v[[3, 1]]`` builds one too.)
 
     >>> import lazyseq
     >>> words = ['d', 'e', 'h', 'l', 'o', 'r', 'w', ' ']

@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 from numpy.random.bit_generator import ISpawnableSeedSequence
 
-from ..aio import Blocking, gather, is_async
-from ..aio import run as aio_run
-from ..base import View
+from ..core.aio import Blocking, gather, is_async
+from ..core.aio import run as aio_run
+from ..core.base import View
+from ..core.node import Failed, bulk_reader, check_source, checks_keys, is_finite, is_node, length, read_each, read_many, reader
 from ..errors import wrap_error
 from ..helpers import fname
-from ..node import Failed, bulk_reader, check_source, checks_keys, is_finite, is_node, length, read_each, read_many, reader
 from .epochs import FollowsEpoch
 
 __all__ = ["smap", "starmap"]

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ..base import Remap, View
-from ..node import is_finite, length
+from ..core.base import Remap, View
+from ..core.node import is_finite, length
 from .epochs import FollowsEpoch
 
 __all__ = ["shuffle", "shard"]

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from ..base import View
-from ..node import bulk_reader, check_source, is_finite
+from ..core.base import View
+from ..core.node import bulk_reader, check_source, is_finite
 from .packplan import Lazy, PackPlan, plan_pack, source_lengths
 
 __all__ = ["pack"]

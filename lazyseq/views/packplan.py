@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..node import length, read_many
+from ..core.node import length, read_many
 
 __all__ = ["Lazy", "PackPlan", "source_lengths", "plan_pack", "plan_buckets"]
 

@@ -1,7 +1,7 @@
 """How a mix follows a :class:`~lazyseq.views.schedules.Schedule`: counts computed from ``n``, exactly.
 
 Each segment of the schedule has its own tree (Huffman's, on its weights, as
-:class:`~lazyseq.views.mixing.Rule` builds it) and starts from the counts the earlier segments
+:class:`~lazyseq.views.mixrule.Rule` builds it) and starts from the counts the earlier segments
 left (computed once, when the mix is built: O(segments)). A node of the tree that has handed out
 ``t`` items gives its left child
 
@@ -27,7 +27,7 @@ import math
 from fractions import Fraction
 from typing import Any
 
-from .mixing import Rule
+from .mixrule import Rule
 from .schedules import Schedule
 
 __all__ = ["ScheduledRule"]
@@ -159,7 +159,7 @@ def _leaves(node: Any) -> list[int]:
 
 
 class ScheduledRule:
-    """:class:`~lazyseq.views.mixing.Rule`'s interface (``source``, ``count``, ``counts``,
+    """:class:`~lazyseq.views.mixrule.Rule`'s interface (``source``, ``count``, ``counts``,
     ``first``) for a schedule: the segment that holds ``n``, then its tree."""
 
     def __init__(self, sched: Schedule):

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .mixing import integer_weights
+from .mixrule import integer_weights
 
 __all__ = ["Schedule", "schedule"]
 
@@ -50,14 +50,24 @@ def _segments(breakpoints: Any, interpolate: str, where: str) -> list[Segment]:
     segs = []
     for j, (p, w) in enumerate(points):
         if j and p <= points[j - 1][0]:
-            raise ValueError(f"{where}: breakpoint positions must increase, got {points[j - 1][0]} then {p}")
-        ints = tuple(integer_weights(w, n))
+            raise ValueError(f"{where}: breakpoints out of order: breakpoint {j} is at position {p}, after one at "
+                             f"{points[j - 1][0]}; give them in increasing positions, each position once")
+        ints = tuple(_weights(w, n, j, p, where))
         if interpolate == "linear" and j + 1 < len(points):
             end = points[j + 1][0]
-            segs.append((p, ints, end, tuple(integer_weights(points[j + 1][1], n))))
+            segs.append((p, ints, end, tuple(_weights(points[j + 1][1], n, j + 1, end, where))))
         else:
             segs.append((p, ints, None, None))
     return segs
+
+
+def _weights(w: Any, n: int, j: int, p: int, where: str) -> list[int]:
+    """Breakpoint ``j``'s weights as integers; errors name the breakpoint and its position."""
+    at = f"{where}: breakpoint {j} (position {p})"
+    if j and hasattr(w, "__len__") and not isinstance(w, (str, bytes, dict)) and len(w) != n:
+        raise ValueError(f"{at} has {len(w)} weight{'s' * (len(w) != 1)}, the first breakpoint {n}; give every "
+                         "breakpoint one weight per sequence of the mix")
+    return integer_weights(w, n, at)
 
 
 def _canonical(segs: list[Segment]) -> tuple[Segment, ...]:

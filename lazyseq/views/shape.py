@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from ..base import Slice, View
+from ..core.base import Slice, View
+from ..core.node import Exhausted, bulk_reader, check_source, columnar, is_finite, length, read_columns, read_many, reader, sizer
+from ..core.routed import Routed
 from ..errors import wrap_error
 from ..helpers import fname
-from ..node import Exhausted, bulk_reader, check_source, columnar, is_finite, length, read_columns, read_many, reader, sizer
-from ..routed import Routed
 
 __all__ = ["Pad", "batch", "unbatch", "collate", "concatenate", "split"]
 

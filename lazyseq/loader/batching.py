@@ -9,12 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from . import tree
-from .evaluation import empty
+from ..core import tree
+from ..evaluation import empty
 
 __all__ = ["default_collate", "pad_collate", "varlen_collate", "HostInt", "buffer_bytes"]
 
 
+# The docstring below is part of default_collate's code digest, which an interrupted save's job
+# file records (lazyseq.fingerprint(..., code=True)): it keeps its words of before the layout by
+# layer (lazyseq.tree is lazyseq.core.tree), so that such a save resumes.
 def default_collate(items: Sequence[Any]) -> Any:
     """Stack a list of samples into a batch: arrays and numbers become one array with a leading
     batch axis, recursing into tuples, lists, dicts and namedtuples (the rule of

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from ..helpers import align
 from . import tree
-from .helpers import align
 
 __all__ = ["JobSlot", "set_current", "current", "keepable", "empty"]
 

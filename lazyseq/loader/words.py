@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import WorkerCrashed
-from .evaluation.backend import Words
-from .helpers import align
-from .node import Node
+from ..core.node import Node
+from ..errors import WorkerCrashed
+from ..evaluation.backend import Words
+from ..helpers import align
 
 __all__ = ["LoaderWords", "Replaced", "crashed", "epoch_counters"]
 
@@ -76,7 +76,7 @@ def crashed(e: WorkerCrashed, where: Any, epoch: int, batch: int) -> WorkerCrash
 def _on_error_views(root: Any) -> list:
     """The ``on_error`` views of a pipeline: through ``children()``, and the dataset of a mapped
     function that reads one (the loader's ``batch_sampler`` reader)."""
-    from .views.faults import OnError
+    from ..views.faults import OnError
 
     found, seen, todo = [], set(), [root]
     while todo:

@@ -15,7 +15,7 @@ Measured against ``optree.tree_map`` (0.20) on one sample: a bare int 0.27 vs 4.
 ``(array, int)`` pair 1.1 vs 3.8 us, a small nested dict 2.7 vs 9.4 us; 64 pairs 46 vs 40 us. Items
 are mostly small, so the walker is written here rather than taken from optree.
 
->>> from lazyseq import tree
+>>> from lazyseq.core import tree
 >>> tree.map(lambda v: v * 2, {"x": (1, 2), "y": [3]})
 {'x': (2, 4), 'y': [6]}
 >>> list(tree.leaves({"x": (1, 2), "y": [3]}))
@@ -62,7 +62,7 @@ def map(fn: Callable[[Any], Any], x: Any) -> Any:
     returned the very same objects) is returned as it is, not copied.
 
     >>> import collections
-    >>> from lazyseq import tree
+    >>> from lazyseq.core import tree
     >>> P = collections.namedtuple("P", "a b")
     >>> tree.map(str, P(1, [2]))
     P(a='1', b=['2'])
@@ -97,7 +97,7 @@ def transpose(fn: Callable[[list], Any], xs: Sequence[Any], what: str = "items")
     ``fn([leaf of xs[0], leaf of xs[1], ...])`` (what ``default_collate`` does). The shape is that
     of ``xs[0]``; a structure that differs raises ``ValueError`` naming the item.
 
-    >>> from lazyseq import tree
+    >>> from lazyseq.core import tree
     >>> tree.transpose(sum, [{"a": (1, 2)}, {"a": (10, 20)}])
     {'a': (11, 22)}
     """

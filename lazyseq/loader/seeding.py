@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from .base import View
-from .node import each, is_finite, reader
-from .views.mapping import ItemSeed, seed_key
+from ..core.base import View
+from ..core.node import each, is_finite, reader
+from ..views.mapping import ItemSeed, seed_key
 
 __all__ = ["SeedEachItem", "WorkerInit", "IN_PROCESS", "refused"]
 
@@ -73,7 +73,7 @@ class SeedEachItem(View):
 
     >>> import random
     >>> import lazyseq
-    >>> from lazyseq.seeding import SeedEachItem
+    >>> from lazyseq.loader.seeding import SeedEachItem
     >>> draws = SeedEachItem(lazyseq.smap(lambda i: random.random(), range(5)), seed=0, epoch=0)
     >>> state = random.getstate()
     >>> draws[3] == draws[3] != draws[4], list(draws)[3] == draws[3], random.getstate() == state

@@ -4,7 +4,7 @@ past failures, whether a source is a view or a plain sequence (list, array, rang
 :class:`Node` is what every view answers to the views above it: ``_len``, ``_get(i)``,
 ``_get_many(idx)``, ``_get_each(idx)``, ``_set``, ``children`` and ``describe`` (and a repr
 drawn from them). It takes only valid, non-negative ``int`` indices: checking and normalising
-what a user passes as a key is :class:`lazyseq.base.View`'s job, done once at the top.
+what a user passes as a key is :class:`lazyseq.core.base.View`'s job, done once at the top.
 The helpers below read any source through the fastest path it has.
 """
 

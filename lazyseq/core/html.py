@@ -12,7 +12,7 @@ A pipeline that contains a prefetch shows no items (reading one would start its 
 one that reads a one-shot iterator (``uniter(generator)``: reading would consume it).
 
 The PNG encoder is a few lines of numpy, zlib and struct: no Pillow. This module sits with
-:mod:`lazyseq.base` (whose ``View._repr_html_`` calls it) and imports nothing above it.
+:mod:`lazyseq.core.base` (whose ``View._repr_html_`` calls it) and imports nothing above it.
 
 >>> import lazyseq, numpy as np
 >>> html = lazyseq.smap(lambda x: np.zeros((8, 8), np.uint8) + x, range(5))._repr_html_()
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .helpers import fname
+from ..helpers import fname
 from .node import Node, _tree
 
 __all__ = ["view_html", "loader_html", "loader_repr", "summary", "png", "thumbnail", "preview"]

@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from .helpers import fname
+from ..helpers import fname
+from .moved import earlier_name
 from .node import Node, length
 
 __all__ = ["fingerprint", "difference", "NotResumable", "file_identity"]
@@ -63,7 +64,7 @@ def code_digest(f: Any) -> str | None:
 
 def _module(f: Any) -> str:
     """``f``'s module; a script's (``__main__``) by its file's name, as ``import script`` names it."""
-    module = getattr(f, "__module__", None) or "?"
+    module = earlier_name(getattr(f, "__module__", None) or "?")  # a fingerprint saved before a move still matches
     if module == "__main__":
         path = getattr(sys.modules.get("__main__"), "__file__", None)
         if path:
@@ -110,8 +111,8 @@ def _value(v: Any, code: bool) -> Any:
         return v.describe_json()
     t = type(v)
     if t.__repr__ is not object.__repr__:  # a repr of its own says what it is; object's says where
-        return {"object": f"{t.__module__}:{t.__qualname__}", "repr": repr(v)}
-    return {"object": f"{t.__module__}:{t.__qualname__}"}
+        return {"object": f"{earlier_name(t.__module__)}:{t.__qualname__}", "repr": repr(v)}
+    return {"object": f"{earlier_name(t.__module__)}:{t.__qualname__}"}
 
 
 def _source(src: Any) -> dict:
@@ -164,7 +165,7 @@ def fingerprint(seq: Any, *, code: bool = False) -> Any:
     >>> a = lazyseq.fingerprint(lazyseq.shuffle(range(10), seed=0))
     >>> a == lazyseq.fingerprint(lazyseq.shuffle(range(10), seed=0)), a == lazyseq.fingerprint(lazyseq.shuffle(range(10), 1))
     (True, False)
-    >>> from lazyseq.fingerprints import difference
+    >>> from lazyseq.core.fingerprints import difference
     >>> difference(a, lazyseq.fingerprint(lazyseq.shuffle(range(10), 1)))
     'shuffle(seed=0 -> 1)'
     """

@@ -1,13 +1,13 @@
 """The View base class: Python list semantics for keys, slices, index arrays and writes, once.
 
 A view implements ``_get(i)`` (``i`` a valid non-negative ``int``) and, when its length is not
-its source's, ``_len()`` (see :class:`lazyseq.node.Node` for the whole read protocol). Everything a
+its source's, ``_len()`` (see :class:`lazyseq.core.node.Node` for the whole read protocol). Everything a
 user can pass as a key is checked and normalised here, at the top, so views call each other's
 ``_get`` without re-checking.
 
 :class:`Remap` serves views whose item ``i`` is item ``_map(i)`` of one source (slices, cycle,
 shard, shuffle): single reads, bulk reads, reads past failures and writes all follow from that one
-mapping. Views over several parts derive from :class:`lazyseq.routed.Routed`.
+mapping. Views over several parts derive from :class:`lazyseq.core.routed.Routed`.
 
 :class:`Gather` lives here because an index-array key (``v[[3, 1]]``) builds one; the public
 ``lazyseq.gather``/``take`` that make one are in :mod:`lazyseq.views.indexing`.
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import EvaluationError, raised, wrap_error
+from ..errors import EvaluationError, raised, wrap_error
 from .keys import compose, index_array, span
 from .node import (
     Exhausted,
@@ -114,7 +114,7 @@ class View(Node):
 
     def _repr_html_(self) -> str:
         """Notebooks: the tree, the length and the first items (thumbnails for images), read only
-        when shown, bounded in time (:mod:`lazyseq.html`)."""
+        when shown, bounded in time (:mod:`lazyseq.core.html`)."""
         from .html import view_html
 
         return view_html(self)

@@ -1,5 +1,5 @@
 """What a DataLoader's state records besides its position, and the checks a resume makes: the
-dataset's fingerprint (:mod:`lazyseq.fingerprints`), a custom sampler's contents or state, and the
+dataset's fingerprint (:mod:`lazyseq.core.fingerprints`), a custom sampler's contents or state, and the
 loader's seed when it was given. A resume with another pipeline is refused with
 :class:`~lazyseq.errors.ResumeMismatch`, naming what changed; what may change by design (batch
 size, ranks, workers, method, device) is not recorded."""
@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ResumeMismatch
-from .fingerprints import NotResumable, _digest, difference, fingerprint
+from ..core.fingerprints import NotResumable, _digest, difference, fingerprint
+from ..errors import ResumeMismatch
 
-__all__ = ["recorded", "check"]
+__all__ = ["recorded", "check_resume"]
 
 
 def _sampler(name: str, sampler: Any) -> Any:
@@ -61,7 +61,7 @@ def _before(fp: Any, position: int) -> Any:
     return out
 
 
-def check(loader: Any, state: Mapping, strict: bool) -> None:
+def check_resume(loader: Any, state: Mapping, strict: bool) -> None:
     """Raise ResumeMismatch (``strict``) or warn once if ``state`` was saved with another pipeline."""
     if "fingerprint" not in state:
         warnings.warn("DataLoader.load_state_dict: this state was saved without a fingerprint (by an earlier "

@@ -11,17 +11,17 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .base import View
+from ..core.base import View
+from ..core.node import read_many
+from ..core.routed import Routed
+from ..views.epochs import at_epoch
+from ..views.faults import tally
+from ..views.indexing import arange, gather
+from ..views.mapping import smap
+from ..views.order import shard, shuffle
+from ..views.shape import batch
 from .batching import default_collate
-from .node import read_many
-from .routed import Routed
 from .seeding import SeedEachItem
-from .views.epochs import at_epoch
-from .views.faults import tally
-from .views.indexing import arange, gather
-from .views.mapping import smap
-from .views.order import shard, shuffle
-from .views.shape import batch
 
 __all__ = ["Epochs", "Plan", "ToTensor"]
 

@@ -8,7 +8,7 @@ import os
 import warnings
 from typing import Any
 
-from .evaluation import prefetch
+from ..evaluation import prefetch
 from .seeding import IN_PROCESS, refused
 
 __all__ = ["torch_checks", "method_checks", "order_checks", "seed_from"]
@@ -84,7 +84,7 @@ def method_checks(method: Any, num_workers: int, shm_size: int | None, multiproc
 def order_checks(dataset: Any, shuffle: bool) -> None:
     """Warn when ``shuffle=True`` would read a view meant to be read in order (``ordered_only``: a
     mix that follows a weight schedule, whose weights are a function of the position)."""
-    from .views.epochs import _walk  # (the walk over a pipeline's views that at_epoch uses)
+    from ..views.epochs import _walk  # (the walk over a pipeline's views that at_epoch uses)
 
     if shuffle and any(getattr(v, "ordered_only", False) for v in _walk(dataset, set())):
         warnings.warn("DataLoader(shuffle=True) reads a mix that follows a weight schedule out of order, so "

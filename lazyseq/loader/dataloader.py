@@ -14,20 +14,20 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from . import dataloader_state
-from .base import View
+from ..core.base import View
+from ..core.node import check_source, length, read_many
+from ..errors import WorkerCrashed
+from ..evaluation import Prefetch, prefetch
+from ..helpers import ALIGN, PAGE
+from ..views.epochs import at_epoch
+from ..views.mapping import smap
+from ..views.order import shard
 from .batching import buffer_bytes, default_collate
-from .dataloader_checks import method_checks, order_checks, seed_from, torch_checks
-from .dataloader_plan import Epochs, Plan, ToTensor
-from .dataloader_words import LoaderWords, Replaced, crashed, epoch_counters
-from .errors import WorkerCrashed
-from .evaluation import Prefetch, prefetch
-from .helpers import ALIGN, PAGE
-from .node import check_source, length, read_many
+from .checks import method_checks, order_checks, seed_from, torch_checks
+from .plan import Epochs, Plan, ToTensor
 from .seeding import SeedEachItem, WorkerInit
-from .views.epochs import at_epoch
-from .views.mapping import smap
-from .views.order import shard
+from .state import check_resume, recorded
+from .words import LoaderWords, Replaced, crashed, epoch_counters
 
 __all__ = ["DataLoader", "default_collate"]
 
@@ -330,7 +330,7 @@ class DataLoader:
         epoch, start, b = self._where()
         position = min(self._units(epoch), start + self.world_size * b * (self.batch_size or 1))
         return {"epoch": epoch, "position": position, "seed": self.seed, "rank": self.rank,
-                "world_size": self.world_size, **dataloader_state.recorded(self)}
+                "world_size": self.world_size, **recorded(self)}
 
     def load_state_dict(self, state: Mapping, strict: bool = True) -> None:
         """Resume where ``state`` was saved: the next iteration delivers this rank's part of what
@@ -340,7 +340,7 @@ class DataLoader:
         The state holds the dataset's :func:`lazyseq.fingerprint`: a state saved with another
         pipeline raises :class:`lazyseq.ResumeMismatch` naming what changed (``strict=False``:
         a warning, and the resume goes on)."""
-        dataloader_state.check(self, state, strict)
+        check_resume(self, state, strict)
         epoch, seed = int(state["epoch"]), int(state["seed"])
         if "position" in state:
             position = int(state["position"])
@@ -392,12 +392,12 @@ class DataLoader:
 
     def __repr__(self) -> str:
         """The settings, the length in batches and the next batch's epoch, then the dataset's tree."""
-        from .html import loader_repr
+        from ..core.html import loader_repr
 
         return loader_repr(self)
 
     def _repr_html_(self) -> str:
-        """Notebooks: the ``repr``, then the dataset's first items (:mod:`lazyseq.html`)."""
-        from .html import loader_html
+        """Notebooks: the ``repr``, then the dataset's first items (:mod:`lazyseq.core.html`)."""
+        from ..core.html import loader_html
 
         return loader_html(self)

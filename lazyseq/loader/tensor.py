@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import tree
+from ..core import tree
+from ..helpers import ALIGN
 from .batching import HostInt
-from .helpers import ALIGN
 
 if TYPE_CHECKING:
     from tinygrad import Tensor
@@ -62,7 +62,7 @@ def _need_tinygrad() -> str | None:
 def to_tensor(x: Any, device: str | None = None, copy: bool = True) -> Any:
     """``x`` with every numpy array and number in it turned into a realised tinygrad ``Tensor`` on ``device``.
 
-    Tuples, lists and dicts (namedtuples and subclasses too, by the rule of :mod:`lazyseq.tree`)
+    Tuples, lists and dicts (namedtuples and subclasses too, by the rule of :mod:`lazyseq.core.tree`)
     are rebuilt with their own types; strings, ``None`` and other objects, and arrays of strings or objects, are returned
     unchanged. Call it once per batch: the whole structure is converted in one call.
 
@@ -76,7 +76,7 @@ def to_tensor(x: Any, device: str | None = None, copy: bool = True) -> Any:
       that matters. Complex arrays and numbers raise ``TypeError`` (tinygrad has no complex dtype).
     - numpy scalars and 0-d arrays become 0-d Tensors of their dtype; Python numbers take
       tinygrad's defaults (``bool``, ``dtypes.default_int``, ``dtypes.default_float``), except a
-      :class:`lazyseq.batching.HostInt` (``varlen_collate``'s ``max_seqlen``), left a Python int. Every
+      :class:`lazyseq.loader.batching.HostInt` (``varlen_collate``'s ``max_seqlen``), left a Python int. Every
       result is a real buffer on ``device`` (tinygrad's own ``Tensor(0-d array)`` is a deviceless
       constant instead).
     - Tensors are returned as they are, or moved (and realised) when ``device`` differs.
@@ -91,7 +91,7 @@ def to_tensor(x: Any, device: str | None = None, copy: bool = True) -> Any:
       the slot again, or ``prefetch`` falls back to its pipe with a warning.
 
     >>> import lazyseq, numpy as np
-    >>> from lazyseq.tensor import to_tensor
+    >>> from lazyseq.loader.tensor import to_tensor
     >>> batch = {"image": np.ones((2, 3), np.uint8), "label": np.array([3, 1]), "name": "a"}
     >>> out = to_tensor(batch, "CPU")
     >>> out["image"].shape, out["image"].dtype, out["label"].tolist(), out["name"]
