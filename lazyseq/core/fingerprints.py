@@ -51,15 +51,16 @@ def code_digest(f: Any) -> str | None:
     if code is None:
         return None
     h = hashlib.blake2b(digest_size=16)
-
-    def add(c: types.CodeType) -> None:
-        h.update(c.co_code)
-        h.update(repr(c.co_names).encode())
-        for k in c.co_consts:
-            add(k) if isinstance(k, types.CodeType) else h.update(repr(k).encode())
-
-    add(code)
+    _add_code(h, code)
     return h.hexdigest()
+
+
+def _add_code(h: Any, c: types.CodeType) -> None:
+    """(a function of the module, not a closure calling itself: that would be a reference cycle)"""
+    h.update(c.co_code)
+    h.update(repr(c.co_names).encode())
+    for k in c.co_consts:
+        _add_code(h, k) if isinstance(k, types.CodeType) else h.update(repr(k).encode())
 
 
 def _module(f: Any) -> str:

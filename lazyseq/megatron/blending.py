@@ -84,7 +84,7 @@ def _loop(k: int):
                   f"            c{d} += 1"]
     scope: dict = {}
     exec("\n".join(lines), scope)  # our own text, made from k alone
-    return scope["run"]
+    return scope.pop("run")  # (left in its globals, it and they would be a reference cycle)
 
 
 def assign(weights: Sequence[float], num_samples: int) -> tuple[np.ndarray, np.ndarray]:

@@ -115,41 +115,41 @@ def _field(f: Any, k: int) -> np.dtype | None:
 def _structure(node: Any, nfields: int) -> None:
     """The container tree: known node kinds, keys and fields that match their items, the leaves
     numbering the fields in order (each used once), nested at most MAX_DEPTH deep."""
-    leaves = 0
+    leaves = [0]  # the next field's number
+    _walk(node, 0, leaves)
+    if leaves[0] != nfields:
+        raise _Bad(f"its structure has {leaves[0]} leaves for {nfields} fields")
 
-    def walk(node: Any, depth: int) -> None:
-        nonlocal leaves
-        if depth > MAX_DEPTH:
-            raise _Bad(f"its structure is nested more than {MAX_DEPTH} deep")
-        node = _dict(node, "a node of its structure")
-        if "leaf" in node:
-            if node["leaf"] != leaves or type(node["leaf"]) is not int:
-                raise _Bad(f"its structure names field {_short(node['leaf'])} where field {leaves} comes next")
-            leaves += 1
-            return
-        kinds = [c for c in ("dict", "list", "tuple") if c in node]
-        if len(kinds) != 1:
-            raise _Bad(f"a node of its structure is neither a leaf nor one container: {_short(node)}")
-        cls = node[kinds[0]]
-        if cls is not None and (type(cls) is not str or cls.count(":") != 1):
-            raise _Bad(f"its structure names the class {_short(cls)}, not 'module:qualname'")
-        items = _list(node.get("items"), "a container's items")
-        if kinds[0] == "dict":
-            keys = _list(node.get("keys"), "a dict's keys")
-            if len(keys) != len(items) or any(type(x) not in (str, int) for x in keys) or len(set(keys)) != len(keys):
-                raise _Bad(f"a dict's keys {_short(keys)} are not {len(items)} distinct str or int keys")
-            if node.get("factory") is not None and type(node["factory"]) is not str:
-                raise _Bad(f"a defaultdict's factory is {_short(node['factory'])}")
-        if "fields" in node:
-            names = _list(node["fields"], "a namedtuple's fields")
-            if kinds[0] != "tuple" or len(names) != len(items) or any(type(x) is not str for x in names):
-                raise _Bad(f"the namedtuple fields {_short(names)} do not match its {len(items)} items")
-        for item in items:
-            walk(item, depth + 1)
 
-    walk(node, 0)
-    if leaves != nfields:
-        raise _Bad(f"its structure has {leaves} leaves for {nfields} fields")
+def _walk(node: Any, depth: int, leaves: list[int]) -> None:
+    """One node of :func:`_structure` and the nodes below it; ``leaves[0]``: the next field's number."""
+    if depth > MAX_DEPTH:
+        raise _Bad(f"its structure is nested more than {MAX_DEPTH} deep")
+    node = _dict(node, "a node of its structure")
+    if "leaf" in node:
+        if node["leaf"] != leaves[0] or type(node["leaf"]) is not int:
+            raise _Bad(f"its structure names field {_short(node['leaf'])} where field {leaves[0]} comes next")
+        leaves[0] += 1
+        return
+    kinds = [c for c in ("dict", "list", "tuple") if c in node]
+    if len(kinds) != 1:
+        raise _Bad(f"a node of its structure is neither a leaf nor one container: {_short(node)}")
+    cls = node[kinds[0]]
+    if cls is not None and (type(cls) is not str or cls.count(":") != 1):
+        raise _Bad(f"its structure names the class {_short(cls)}, not 'module:qualname'")
+    items = _list(node.get("items"), "a container's items")
+    if kinds[0] == "dict":
+        keys = _list(node.get("keys"), "a dict's keys")
+        if len(keys) != len(items) or any(type(x) not in (str, int) for x in keys) or len(set(keys)) != len(keys):
+            raise _Bad(f"a dict's keys {_short(keys)} are not {len(items)} distinct str or int keys")
+        if node.get("factory") is not None and type(node["factory"]) is not str:
+            raise _Bad(f"a defaultdict's factory is {_short(node['factory'])}")
+    if "fields" in node:
+        names = _list(node["fields"], "a namedtuple's fields")
+        if kinds[0] != "tuple" or len(names) != len(items) or any(type(x) is not str for x in names):
+            raise _Bad(f"the namedtuple fields {_short(names)} do not match its {len(items)} items")
+    for item in items:
+        _walk(item, depth + 1, leaves)
 
 
 # -- shards ------------------------------------------------------------------------------------------

@@ -103,38 +103,40 @@ def _pickled(x: Any, allow_pickle: bool, what: str) -> dict:
 def schema(x: Any, allow_pickle: bool) -> tuple[Any, list[dict]]:
     """The structure of item ``x`` and its fields (each with its ``path``), in leaf order."""
     fields: list[dict] = []
+    return _walk(x, (), fields, allow_pickle), fields
 
-    def walk(v: Any, path: tuple) -> Any:
-        t = type(v)
-        if isinstance(v, dict):
-            keys = list(v)
-            for key in keys:
-                if type(key) not in (str, int):
-                    raise SchemaError(f"field {path_str(path)}: dict keys must be str or int to be stored, got {key!r}")
-            node = {"dict": None if t is dict else type_name(t), "keys": keys}
-            if isinstance(v, collections.defaultdict) and v.default_factory is not None:
-                node["factory"] = type_name(v.default_factory)
-            node["items"] = [walk(v[key], (*path, key)) for key in keys]
-            return node
-        if isinstance(v, list):
-            return {"list": None if t is list else type_name(t), "items": [walk(e, (*path, k)) for k, e in enumerate(v)]}
-        if isinstance(v, tuple):
-            names = getattr(t, "_fields", None)
-            node = {"tuple": None if t is tuple else type_name(t)}
-            if names is not None:
-                node["fields"] = list(names)
-                node["items"] = [walk(e, (*path, "." + f)) for f, e in zip(names, v)]
-            else:
-                node["items"] = [walk(e, (*path, k)) for k, e in enumerate(v)]
-            return node
-        try:
-            spec = leaf_spec(v, allow_pickle)
-        except SchemaError as e:
-            raise SchemaError(f"field {path_str(path)}: {e}") from None
-        fields.append({"path": path_str(path), **spec})
-        return {"leaf": len(fields) - 1}
 
-    return walk(x, ()), fields
+def _walk(v: Any, path: tuple, fields: list[dict], allow_pickle: bool) -> Any:
+    """:func:`schema` of ``v`` at ``path``; its leaves appended to ``fields``."""
+    t = type(v)
+    if isinstance(v, dict):
+        keys = list(v)
+        for key in keys:
+            if type(key) not in (str, int):
+                raise SchemaError(f"field {path_str(path)}: dict keys must be str or int to be stored, got {key!r}")
+        node = {"dict": None if t is dict else type_name(t), "keys": keys}
+        if isinstance(v, collections.defaultdict) and v.default_factory is not None:
+            node["factory"] = type_name(v.default_factory)
+        node["items"] = [_walk(v[key], (*path, key), fields, allow_pickle) for key in keys]
+        return node
+    if isinstance(v, list):
+        return {"list": None if t is list else type_name(t),
+                "items": [_walk(e, (*path, k), fields, allow_pickle) for k, e in enumerate(v)]}
+    if isinstance(v, tuple):
+        names = getattr(t, "_fields", None)
+        node = {"tuple": None if t is tuple else type_name(t)}
+        if names is not None:
+            node["fields"] = list(names)
+            node["items"] = [_walk(e, (*path, "." + f), fields, allow_pickle) for f, e in zip(names, v)]
+        else:
+            node["items"] = [_walk(e, (*path, k), fields, allow_pickle) for k, e in enumerate(v)]
+        return node
+    try:
+        spec = leaf_spec(v, allow_pickle)
+    except SchemaError as e:
+        raise SchemaError(f"field {path_str(path)}: {e}") from None
+    fields.append({"path": path_str(path), **spec})
+    return {"leaf": len(fields) - 1}
 
 
 def mismatch(a: Any, b: Any, allow_pickle: bool) -> str | None:

@@ -157,29 +157,31 @@ def at_epoch(seq: Any, epoch: int, seed: int | None = None) -> Any:
     epoch = check_epoch(epoch, "at_epoch")
     if epoch is None:
         raise TypeError("at_epoch: give the epoch to bind, an int >= 0")
-    memo: dict[int, Any] = {}
+    return _bind(seq, epoch, seed, {})
 
-    def bind(node: Any) -> Any:
-        if not isinstance(node, Node) or getattr(node, "epoch_opaque", False):
-            return node
-        done = memo.get(id(node))
-        if done is not None:
-            return done
-        memo[id(node)] = node  # (a view tree has no cycles; this keeps a malformed one finite)
-        swap = {id(k): n for k in _links(node) if (n := bind(k)) is not k}
-        follows = _rebinds(node, epoch, seed)
-        new = node
-        if swap or follows:
-            new = _copy(node, swap)
-            if swap and hasattr(new, "_sources_rebound"):
-                new._sources_rebound()
-            if follows:
-                if new.epoch is None:
-                    new._epoch = epoch
-                if seed is not None and new.takes_loader_seed and new.seed is None:
-                    new._seed = seed
-                new._epoch_setup()
-        memo[id(node)] = new  # a view read twice in the tree (a shared subtree) is copied once
-        return new
 
-    return bind(seq)
+def _bind(node: Any, epoch: int, seed: int | None, memo: dict[int, Any]) -> Any:
+    """:func:`at_epoch` of ``node``; ``memo``: the copies made so far, by the id of what they copy.
+    (A function of the module: a closure calling itself would be a reference cycle holding every
+    view of both trees until the cyclic garbage collector runs.)"""
+    if not isinstance(node, Node) or getattr(node, "epoch_opaque", False):
+        return node
+    done = memo.get(id(node))
+    if done is not None:
+        return done
+    memo[id(node)] = node  # (a view tree has no cycles; this keeps a malformed one finite)
+    swap = {id(k): n for k in _links(node) if (n := _bind(k, epoch, seed, memo)) is not k}
+    follows = _rebinds(node, epoch, seed)
+    new = node
+    if swap or follows:
+        new = _copy(node, swap)
+        if swap and hasattr(new, "_sources_rebound"):
+            new._sources_rebound()
+        if follows:
+            if new.epoch is None:
+                new._epoch = epoch
+            if seed is not None and new.takes_loader_seed and new.seed is None:
+                new._seed = seed
+            new._epoch_setup()
+    memo[id(node)] = new  # a view read twice in the tree (a shared subtree) is copied once
+    return new
