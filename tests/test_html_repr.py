@@ -62,6 +62,21 @@ def test_html_holds_the_tree_and_the_length():
 
 
 # -- escaping ---------------------------------------------------------------------------------------
+def test_a_deep_tree_says_how_many_levels_it_hides():
+    v = np.arange(5)
+    for _ in range(12):
+        v = lazyseq.smap(abs, v)
+    lines = repr(v).splitlines()
+    assert len(lines) == 10 and lines[-1].strip() == "└─ ... (4 more levels)"  # 3 smaps and the array
+    assert "(4 more levels)" in v._repr_html_()
+    one = lazyseq.smap(abs, lazyseq.smap(abs, lazyseq.concatenate([v, lazyseq.smap(abs, np.arange(3))])))
+    assert repr(one).splitlines()[9].strip() == "│                 └─ ... (7 more levels)"  # 6 smaps and the array
+    w = np.arange(5)
+    for _ in range(9):
+        w = lazyseq.smap(abs, w)
+    assert repr(w).splitlines()[-1].strip() == "└─ ... (1 more level)"
+
+
 def test_everything_is_escaped():
     v = lazyseq.smap(lambda x: {"<b>name</b>": "<script>alert(1)</script>", "n": x}, range(4))
     h = v._repr_html_()

@@ -150,6 +150,9 @@ class Node(Sequence):
         return self.__repr__()
 
 
+_SHOWN_LEVELS = 9  # a repr shows a pipeline this deep; below, how many levels it leaves out
+
+
 def _tree(node: Any, depth: int, seen: set | None = None) -> list[str]:
     seen = set() if seen is None else seen
     if not isinstance(node, Node):
@@ -158,8 +161,9 @@ def _tree(node: Any, depth: int, seen: set | None = None) -> list[str]:
     if node.finite:
         head += f"  len={len(node)}"
     kids = node.children()
-    if depth >= 8 and kids:
-        return [head, "└─ ..."]
+    if depth >= _SHOWN_LEVELS - 1 and kids:
+        n = _levels_below(node)
+        return [head, f"└─ ... ({n} more level{'s' * (n != 1)})"]
     if id(node) in seen:
         return [head + "  (shown above)"]
     seen.add(id(node))
@@ -170,6 +174,15 @@ def _tree(node: Any, depth: int, seen: set | None = None) -> list[str]:
         lines.append(("└─ " if last else "├─ ") + sub[0])
         lines.extend(("   " if last else "│  ") + s for s in sub[1:])
     return lines
+
+
+def _levels_below(node: Node) -> int:
+    """How many levels a tree shows under ``node`` (one for its sources, one for theirs ...)."""
+    level, n, seen = [node], 0, {id(node)}
+    while level:
+        level = [k for v in level if isinstance(v, Node) for k in v.children() if id(k) not in seen and not seen.add(id(k))]
+        n += bool(level)
+    return n
 
 
 _NODE_TYPES: dict[type, bool] = {}
