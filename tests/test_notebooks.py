@@ -9,7 +9,10 @@ A cell that prints nothing is committed with no outputs, and must still print no
 
 After changing a notebook or what it shows, execute it again and commit the result:
 ``python tests/test_notebooks.py`` (all of them) or ``python tests/test_notebooks.py 03`` (those
-whose name contains ``03``): it runs each in place, from the repository root, as the test does.
+whose name contains ``03``): it runs each in place, from the notebook's own folder, as the test does.
+
+Each notebook runs with its own folder (notebooks/) as its working directory, as Jupyter runs it:
+a path in a notebook is relative to the notebook (``data/...``), never to the repository root.
 """
 
 from __future__ import annotations
@@ -61,15 +64,16 @@ def kinds(cell) -> tuple:
     return tuple(sorted(streams)), tuple(rich)
 
 
-def execute(nb, record_timing: bool = False):
-    """Run ``nb`` (a NotebookNode) in a fresh python3 kernel started in the repository root, with
-    this checkout on its path (the kernel imports this lazyseq whether or not it is installed)."""
+def execute(nb, folder: Path, record_timing: bool = False):
+    """Run ``nb`` (a NotebookNode) in a fresh python3 kernel started in ``folder`` (the notebook's own,
+    as Jupyter does), with this checkout on its path (the kernel imports this lazyseq whether or not
+    it is installed)."""
     import nbclient
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name="python3", allow_errors=False,
-                                     record_timing=record_timing, resources={"metadata": {"path": str(ROOT)}})
+                                     record_timing=record_timing, resources={"metadata": {"path": str(folder)}})
     client.execute(env=env)  # raises CellExecutionError on the first failing cell
     return nb
 
@@ -114,7 +118,7 @@ def test_notebook_runs_and_shows_what_was_committed(path):
     nb = nbformat.read(path, as_version=4)
     committed = [kinds(c) for c in nb.cells if c.cell_type == "code"]
     nb.cells.append(nbformat.v4.new_code_cell(NO_CHILDREN))
-    execute(nb)
+    execute(nb, path.parent)
     ran = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.get("execution_count") for c in ran)
     check = ran.pop()
@@ -134,7 +138,7 @@ def main(args: list[str]) -> None:
         if args and not any(a in path.name for a in args):
             continue
         print("executing", path.relative_to(ROOT), flush=True)
-        nb = execute(nbformat.read(path, as_version=4))
+        nb = execute(nbformat.read(path, as_version=4), path.parent)
         coalesce_streams(nb)
         if nb.nbformat_minor < 5:  # cell ids came with 4.5
             for cell in nb.cells:

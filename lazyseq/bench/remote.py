@@ -58,7 +58,7 @@ def make(i: int) -> dict:
 
 class Server:
     """``lazyseq.files.serve(root, latency)`` in a child process; :meth:`requests` asks it how many
-    requests it has answered; :meth:`close` ends it (the end of its input)."""
+    requests it has answered; :meth:`close` ends it (SIGTERM: it exits with status 0)."""
 
     def __init__(self, root: str, latency: float):
         here = str(Path(lazyseq.__file__).resolve().parents[1])  # the child imports this lazyseq
@@ -79,6 +79,7 @@ class Server:
     def close(self) -> None:
         if self.proc.stdin is not None:
             self.proc.stdin.close()
+        self.proc.terminate()
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:

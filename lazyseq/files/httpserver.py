@@ -1,6 +1,6 @@
 """A small local HTTP server of a directory's files, with Range requests and an optional latency:
 a small local server for notebooks, benchmarks and tests, **not for production** (no TLS, no
-authentication, 127.0.0.1 only, one thread per connection).
+authentication, one thread per connection; it listens on 127.0.0.1 unless told another address).
 
 It answers as an object store's HTTP endpoint does, so that :func:`lazyseq.load` (through fsspec)
 reads a saved store from it by byte ranges: ``GET`` with a single ``Range: bytes=a-b`` / ``a-`` /
@@ -13,10 +13,12 @@ reads a saved store from it by byte ranges: ``GET`` with a single ``Range: bytes
 ``close()`` (or leaving the ``with`` block) stops the listener, closes the connections clients keep
 open and joins every thread the server started: nothing is left running.
 
-``python -m lazyseq.files.httpserver DIR [--latency SECONDS]`` serves DIR from a process of its own
-(a benchmark's server then takes none of the reader's CPU): it prints its URL, then answers each
-line read on standard input with the number of requests served so far, and stops at the end of
-its input or on Ctrl-C.
+``python -m lazyseq.files.httpserver DIR [--latency SECONDS] [--host ADDRESS] [--port PORT]`` serves
+DIR from a process of its own (a benchmark's server then takes none of the reader's CPU): it prints
+its URL, then serves until SIGINT (Ctrl-C) or SIGTERM, and exits with status 0 on either. Its
+standard input may be closed, at its end or ``/dev/null`` (``&`` in a script, ``< /dev/null``); when
+it is a pipe or a file, each line read on it is answered with the number of requests served so far
+(a terminal is not read: a background job reading it would be stopped).
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ import hashlib
 import html
 import os
 import re
+import signal
 import socket
 import socketserver
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
@@ -41,9 +45,12 @@ __all__ = ["serve", "RangeServer", "RangeHandler", "Request", "Connections", "ma
 POLL = 0.05  # seconds between serve_forever's checks for shutdown(): close() takes that long, not its 0.5 s default
 
 
-def serve(directory: str | os.PathLike[str], latency: float = 0.0) -> RangeServer:
+def serve(directory: str | os.PathLike[str], latency: float = 0.0, *, host: str = "127.0.0.1",
+          port: int = 0) -> RangeServer:
     """Serve the files under ``directory`` at ``server.url`` (``http://127.0.0.1:PORT``), each answer
-    ``latency`` seconds late; use it in a ``with`` block, or call ``close()``.
+    ``latency`` seconds late; use it in a ``with`` block, or call ``close()``. ``host``: the address to
+    listen on (another than loopback exposes the files to the network, unauthenticated); ``port``: 0
+    for a free one.
 
     >>> import pathlib, tempfile, urllib.request
     >>> root = pathlib.Path(tempfile.mkdtemp())
@@ -56,7 +63,7 @@ def serve(directory: str | os.PathLike[str], latency: float = 0.0) -> RangeServe
     206 bytes 2-4/10 b'\\x02\\x03\\x04'
     [Request(method='GET', path='/a.bin', range='bytes=2-4')]
     """
-    return RangeServer(directory, latency=latency)
+    return RangeServer(directory, latency=latency, host=host, port=port)
 
 
 class Connections(socketserver.ThreadingMixIn):
@@ -117,6 +124,10 @@ class _HTTPServer(Connections, ThreadingHTTPServer):
     # (32 prefetch threads), and each connection refused that way waits for a SYN retry (1 s)
     request_queue_size = 128
     owner: RangeServer
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET  # an IPv6 address: "::1"
+        super().__init__(address, handler)
 
 
 def parse_range(header: str | None, size: int) -> tuple[int, int] | bool | None:
@@ -224,18 +235,20 @@ class RangeHandler(BaseHTTPRequestHandler):
 class RangeServer:
     """Serves the files under ``root`` (read-only) at :attr:`url`; see the module's docstring and
     :func:`serve`. ``listing``: a directory answers an HTML index of ``<a href>`` links (as fsspec's
-    HTTP ``ls`` reads) rather than 404. :attr:`latency` may be set while requests are served."""
+    HTTP ``ls`` reads) rather than 404. :attr:`latency` may be set while requests are served. ``host``
+    and ``port``: where it listens (port 0: a free one); an address taken raises ``OSError``."""
 
     handler: type[RangeHandler] = RangeHandler  # a subclass's own handler (its hooks)
 
-    def __init__(self, root: str | os.PathLike[str], *, latency: float = 0.0, listing: bool = False) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, latency: float = 0.0, listing: bool = False,
+                 host: str = "127.0.0.1", port: int = 0) -> None:
         self.root = Path(root).resolve()
         self.listing = listing
         self._lock = threading.Lock()
         self._latency = float(latency)
         self._requests: list[Request] = []
         self._closing = threading.Event()  # cuts short the latencies of requests in flight on close()
-        self._httpd = _HTTPServer(("127.0.0.1", 0), self.handler)
+        self._httpd = _HTTPServer((host, port), self.handler)
         self._httpd.owner = self
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(POLL,), name=f"RangeServer:{self.port}",
                                         daemon=True)
@@ -247,8 +260,10 @@ class RangeServer:
 
     @property
     def url(self) -> str:
-        """``http://127.0.0.1:PORT`` (no trailing slash): a file ``root/a/b`` is ``f"{url}/a/b"``."""
-        return f"http://127.0.0.1:{self.port}"
+        """``http://HOST:PORT`` (``http://127.0.0.1:PORT`` by default; no trailing slash): a file ``root/a/b`` is
+        ``f"{url}/a/b"``. HOST is the address listened on (``[::1]`` for IPv6)."""
+        host = self._httpd.server_address[0]
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
     @property
     def latency(self) -> float:
@@ -310,22 +325,62 @@ class RangeServer:
         return f"RangeServer({str(self.root)!r} at {self.url}, latency={self.latency:g} s)"
 
 
+STOPS = "It serves until it gets SIGINT (Ctrl-C) or SIGTERM (kill PID), then exits with status 0."
+
+
+def _stop(signum: int, frame: Any) -> None:
+    """SIGINT's and SIGTERM's handler in :func:`main`: both stop the server as Ctrl-C does (further ones are
+    ignored while it closes)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def _answer_lines(server: RangeServer) -> None:
+    """Answers each line of standard input with the number of requests served so far, until its end; returns at
+    once when it is closed or a terminal (a background job that reads its terminal is stopped, SIGTTIN)."""
+    if sys.stdin is None or sys.stdin.closed or sys.stdin.isatty():
+        return
+    for _ in sys.stdin:
+        print(len(server.requests), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m lazyseq.files.httpserver DIR [--latency SECONDS]``: see the module's docstring."""
-    ap = argparse.ArgumentParser(prog="python -m lazyseq.files.httpserver", description="Serve DIR over HTTP with "
-                                 "Range requests on 127.0.0.1 (for notebooks, benchmarks and tests: not for production)")
+    """``python -m lazyseq.files.httpserver DIR [--latency SECONDS] [--host ADDRESS] [--port PORT]``: see the
+    module's docstring."""
+    ap = argparse.ArgumentParser(
+        prog="python -m lazyseq.files.httpserver", description="Serve DIR over HTTP with Range requests (for "
+        "notebooks, benchmarks and tests: not for production). It prints its URL on the first line of its output. "
+        + STOPS + " Standard input is not needed (& or < /dev/null are fine); when it is a pipe or a file, each line "
+        "read on it is answered with the number of requests served so far.")
     ap.add_argument("directory", metavar="DIR")
     ap.add_argument("--latency", type=float, default=0.0, metavar="SECONDS", help="wait before each answer")
+    ap.add_argument("--host", default="127.0.0.1", metavar="ADDRESS", help="the address to listen on (default: "
+                    "%(default)s; another one exposes DIR to the network, without authentication)")
+    ap.add_argument("--port", type=int, default=0, help="the port to listen on (default: 0, a free one: the URL "
+                    "printed says which)")
     args = ap.parse_args(argv)
     if not os.path.isdir(args.directory):
         ap.error(f"{args.directory} is not a directory")
-    with serve(args.directory, args.latency) as server:
-        print(server.url, flush=True)
+    if not 0 <= args.port <= 65535:
+        ap.error(f"--port {args.port} is not a port: give 1 to 65535, or 0 for a free one")
+    before = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
         try:
-            for _ in sys.stdin:
-                print(len(server.requests), flush=True)
-        except KeyboardInterrupt:
-            pass
+            server = serve(args.directory, args.latency, host=args.host, port=args.port)
+        except OSError as e:
+            ap.error(f"cannot listen on {args.host} port {args.port}: {e.strerror or e}; give another --port "
+                     "(0: a free one) or --host")
+        with server:
+            print(server.url, flush=True)
+            _answer_lines(server)
+            while True:
+                time.sleep(3600)  # a signal's handler raises KeyboardInterrupt here
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
     return 0
 
 
