@@ -240,6 +240,19 @@ def test_missing_store_and_missing_shard(http_files, saved):
     assert store.records[1]["file"] in str(e.value.__cause__)
 
 
+def test_a_missing_bucket_is_named_not_taken_for_a_missing_manifest(s3):
+    import uuid
+
+    bucket = f"no-such-bucket-{uuid.uuid4().hex[:12]}"
+    with pytest.raises(FileNotFoundError) as e:
+        lazyseq.load(f"s3://{bucket}/train", storage_options=s3.storage_options, timeout=5)
+    assert str(e.value) == (f"lazyseq.load: there is no store at s3://{bucket}/train: the bucket s3://{bucket} does not "
+                            "exist, or cannot be listed with these credentials; check the URL and storage_options")
+    with pytest.raises(FileNotFoundError) as e:  # the bucket exists: no manifest in it, as before
+        lazyseq.load(f"s3://{s3.bucket}/train", storage_options=s3.storage_options, timeout=5)
+    assert str(e.value) == f"lazyseq.load: there is no store at s3://{s3.bucket}/train: it has no manifest.json"
+
+
 def test_an_unreachable_host_is_named(http_files):
     import socket
 
