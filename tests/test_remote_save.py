@@ -262,6 +262,94 @@ def test_a_held_lock_refuses_and_an_expired_one_is_taken_over(s3, capsys):
     check_clean(s3, store)
 
 
+_HOLD = """
+import json, sys, time
+from lazyseq.files import Remote
+from lazyseq.store import lease
+lease.SETTLE = 0.01
+lease.Lease(Remote(sys.argv[1], json.loads(sys.argv[2]))).acquire()
+time.sleep(120)  # a save at work, until it is killed
+"""
+
+
+def _lock_body(s3, **change) -> dict:
+    """The lock this process would write (its host, boot, pid namespace, pid and start time), with ``change``."""
+    from lazyseq.files import Remote
+
+    body = json.loads(lease.Lease(Remote(f"s3://{s3.bucket}/train", s3.storage_options))._body())
+    body.update(change)
+    s3.client.put_object(Bucket=s3.bucket, Key="train/.lazyseq-lock.json", Body=json.dumps(body).encode())
+    return body
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait(30)
+    return p.pid
+
+
+def test_the_lock_of_a_killed_save_on_this_host_is_taken_over_at_once(s3, capsys):
+    import re
+    import socket
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(lazyseq.__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.Popen([sys.executable, "-c", _HOLD, f"s3://{s3.bucket}/train", json.dumps(s3.storage_options)], env=env)
+    try:
+        deadline, held = time.monotonic() + 60, None
+        while held is None and p.poll() is None and time.monotonic() < deadline:
+            if ".lazyseq-lock.json" in keys(s3):
+                held = json.loads(s3.client.get_object(Bucket=s3.bucket, Key="train/.lazyseq-lock.json")["Body"].read())
+            time.sleep(0.05)
+        assert held is not None and held["pid"] == p.pid, "the child process did not take the lock"
+    finally:
+        p.kill()
+        p.wait(30)
+    store = save([1, 2], s3)
+    assert time.time() < held["expires"] and list(store) == [1, 2]  # taken over well before its lease ran out
+    err = capsys.readouterr().err
+    host = re.escape(socket.gethostname())
+    assert re.search(rf"^lazyseq.save: taking over the lock of s3://{s3.bucket}/train: a save on {host} "
+                     rf"\(pid {p.pid}, started .* UTC\) held it until .* UTC \(its process is gone: pid {p.pid} no longer "
+                     r"runs on this host\)$", err, re.M), err
+    check_clean(s3, store)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="process start times come from Linux's /proc")
+def test_a_lock_whose_pid_now_names_another_process_is_taken_over(s3, capsys):
+    body = _lock_body(s3)
+    _lock_body(s3, pid_start=body["pid_start"] - 1)  # this pid, but a process that started earlier: a reused pid
+    store = save([1, 2], s3)
+    assert f"(its process is gone: pid {os.getpid()} is now another process, started after the lock was taken)" \
+        in capsys.readouterr().err
+    check_clean(s3, store)
+
+
+def test_a_live_holder_or_one_elsewhere_keeps_its_lock_until_it_expires(s3, capsys):
+    _lock_body(s3)  # this process, alive
+    with pytest.raises(lease.SaveLocked, match=rf"another save is writing .*\(pid {os.getpid()}, started .*holds its lock"):
+        save([1, 2], s3)
+    dead = _dead_pid()
+    body = _lock_body(s3, host="another-host", pid=dead, pid_start=None)  # another machine: its pids are not ours
+    with pytest.raises(lease.SaveLocked, match=rf"a save on another-host \(pid {dead}, .*holds its lock"):
+        save([1, 2], s3)
+    old = {k: body[k] for k in ("owner", "started", "expires", "lease")}  # a lock of an older lazyseq: host and pid only
+    s3.client.put_object(Bucket=s3.bucket, Key="train/.lazyseq-lock.json",
+                         Body=json.dumps({**old, "host": _lock_body(s3)["host"], "pid": dead}).encode())
+    with pytest.raises(lease.SaveLocked, match=rf"\(pid {dead}, .*holds its lock"):  # no boot nor namespace: cannot tell
+        save([1, 2], s3)
+    assert keys(s3) == [".lazyseq-lock.json"] and "taking over" not in capsys.readouterr().err
+    _lock_body(s3, host="another-host", pid=dead, expires=time.time() + 1.0)
+    time.sleep(1.2)
+    store = save([1, 2], s3)  # once its lease ran out
+    assert "(it expired)" in capsys.readouterr().err and list(store) == [1, 2]
+
+
 def test_a_save_that_lost_its_lock_writes_no_manifest(s3):
     def item(i):
         if i == 7:  # another save took the lock over (this one stalled past its lease)

@@ -240,6 +240,62 @@ def test_missing_store_and_missing_shard(http_files, saved):
     assert store.records[1]["file"] in str(e.value.__cause__)
 
 
+def test_a_missing_bucket_is_named_not_taken_for_a_missing_manifest(s3):
+    import uuid
+
+    bucket = f"no-such-bucket-{uuid.uuid4().hex[:12]}"
+    with pytest.raises(FileNotFoundError) as e:
+        lazyseq.load(f"s3://{bucket}/train", storage_options=s3.storage_options, timeout=5)
+    assert str(e.value) == (f"lazyseq.load: there is no store at s3://{bucket}/train: the bucket s3://{bucket} does not "
+                            "exist, or cannot be listed with these credentials; check the URL and storage_options")
+    with pytest.raises(FileNotFoundError) as e:  # the bucket exists: no manifest in it, as before
+        lazyseq.load(f"s3://{s3.bucket}/train", storage_options=s3.storage_options, timeout=5)
+    assert str(e.value) == f"lazyseq.load: there is no store at s3://{s3.bucket}/train: it has no manifest.json"
+
+
+def test_an_unreachable_host_is_named(http_files):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t = time.monotonic()
+    with pytest.raises(lazyseq.RemoteReadError) as e:
+        lazyseq.load(f"http://me:hunter2@127.0.0.1:{port}/x?X-Amz-Signature=topsecret", timeout=1.0)
+    assert time.monotonic() - t < 10  # retried within timeout (a generous bound: not a speed test)
+    text = str(e.value)
+    assert text.startswith(f"could not read http://127.0.0.1:{port}/x/manifest.json after ")
+    assert f": cannot reach the host 127.0.0.1:{port} (ClientConnectorError: " in text
+    assert text.endswith("check the URL, and that the server is up and reachable from here")
+    assert "hunter2" not in text and "topsecret" not in text and e.value.url == f"http://127.0.0.1:{port}/x/manifest.json"
+    with pytest.raises(FileNotFoundError, match="it has no manifest.json"):  # a host that answers: no store there
+        lazyseq.load(f"{http_files.url}/x", timeout=1.0)
+
+
+def test_a_timeout_says_so_and_after_how_long(http_files, saved):
+    import re
+
+    url = _http(http_files, saved) + "?X-Amz-Signature=topsecret"
+    shown = re.escape(f"{http_files.url}/train")
+    http_files.hang_next(10**6, 30.0)  # every request stalls: the manifest's HEAD gets no answer
+    with pytest.raises(lazyseq.RemoteReadError) as e:
+        lazyseq.load(url, timeout=0.5)
+    assert re.fullmatch(rf"could not read {shown}/manifest.json after \d+ tr(y|ies) in [\d.]+ s: timed out: "
+                        r"no answer within 0.5 s \(FSTimeoutError\)", str(e.value)), str(e.value)
+    http_files.hang_next(0, 0.0)
+    store = lazyseq.load(url, block_cache=0, timeout=0.5)
+    store[0]  # shard 0 open: what follows is one range of it
+    http_files.hang_next(10**6, 30.0)
+    with pytest.raises(lazyseq.EvaluationError) as e:
+        store[1]
+    err = e.value.__cause__
+    assert isinstance(err, lazyseq.RemoteReadError) and err.range is not None
+    assert re.fullmatch(rf"could not read bytes \d+-\d+ of {shown}/shard-[0-9a-f-]+\.bin after \d+ tr(y|ies) in [\d.]+ s: "
+                        rf"timed out: no answer within 0.5 s \(\w+: [^)]+\) \(reading item 1 of store\('{shown}'\)\)",
+                        str(err)), str(err)
+    assert "topsecret" not in str(e.value) + str(err)
+
+
 def test_redirect_to_another_host_refused(http_files, saved, tmp_path):
     from tests.servers import RangeServer
 

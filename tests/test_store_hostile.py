@@ -241,6 +241,64 @@ def test_shard_files_must_be_regular_files_inside_the_store(simple, tmp_path):
     assert lazyseq.load(simple)[0]["y"] == 0
 
 
+def _special(path, kind):
+    """Put a FIFO, a directory or a character device (as /dev/null) at ``path``."""
+    if kind == "FIFO":
+        os.mkfifo(path)
+    elif kind == "directory":
+        os.mkdir(path)
+    else:
+        import stat
+
+        try:
+            os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+        except PermissionError:
+            pytest.skip("no device file can be made, or opened, here (not root, or a nodev file system)")
+
+
+def _raised_within(seconds, fn):
+    """The exception ``fn()`` raises (None if none), failing the test if it still runs after ``seconds``."""
+    out = []
+
+    def run():
+        try:
+            fn()
+            out.append(None)
+        except BaseException as e:
+            out.append(e)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert out, f"still waiting after {seconds} s: a store's file must never make a read hang"
+    return out[0]
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "directory", "device"])
+def test_a_shard_that_is_not_a_regular_file_is_named(simple, kind):
+    m = manifest_of(simple)
+    first = simple / m["shards"][0]["file"]
+    first.unlink()
+    _special(first, kind)
+    want = f"{first} is not a regular file (a {kind}): a store's shards are plain files"
+    err = _raised_within(10, lambda: lazyseq.load(simple))
+    assert isinstance(err, StoreError) and str(err) == want
+    store = lazyseq.Store._reopen(str(simple), m)  # a worker's copy: the shard opened (without blocking) at a read
+    err = _raised_within(10, lambda: store[0])
+    assert isinstance(err, lazyseq.EvaluationError) and isinstance(err.__cause__, StoreError) and str(err.__cause__) == want
+    assert store[len(store) - 1]["y"] == len(store) - 1  # the other shard reads
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "directory", "device"])
+def test_a_manifest_that_is_not_a_regular_file_is_named(simple, kind):
+    manifest = simple / "manifest.json"
+    manifest.unlink()
+    _special(manifest, kind)
+    err = _raised_within(10, lambda: lazyseq.load(simple))
+    assert isinstance(err, StoreError)
+    assert str(err) == f"the manifest {manifest} is not a regular file (a {kind}): a store's files are plain files"
+
+
 def test_corrupted_tables_fail_the_item_they_touch(simple):
     m = manifest_of(simple)
     rec = m["shards"][0]

@@ -58,6 +58,33 @@ def _retryable(e: BaseException) -> bool:
     return isinstance(e, OSError | TimeoutError) or type(e).__module__.split(".")[0] in _NETWORK
 
 
+def _timed_out(e: BaseException) -> bool:
+    """A request that got no answer in time (fsspec's FSTimeoutError, aiohttp's, botocore's timeouts)."""
+    return isinstance(e, TimeoutError) or any("Timeout" in c.__name__ for c in type(e).__mro__)
+
+
+def _unreachable(e: BaseException) -> bool:
+    """A connection that could not be made: refused, no such host (aiohttp, botocore); not a TLS failure."""
+    names = [c.__name__ for c in type(e).__mro__]
+    if any("SSL" in n or "Certificate" in n for n in names):
+        return False
+    return isinstance(e, ConnectionRefusedError) or "ClientConnectorError" in names or "EndpointConnectionError" in names
+
+
+def _why(e: BaseException, url: str, timeout: float) -> str:
+    """What went wrong with a request to ``url``, for a message: a timeout says so and after how long, a
+    host that cannot be reached is named (redacted), and no exception shows as its bare name and a colon."""
+    text = _scrub(str(e), url)
+    name = f"{type(e).__name__}: {text}" if text else type(e).__name__
+    if _timed_out(e):
+        return f"timed out: no answer within {timeout:g} s ({name})"
+    if _unreachable(e):
+        scheme, _, rest = redact(url).partition("://")
+        host = f"the host {rest.split('/', 1)[0]}" if scheme.lower() in ("http", "https") else "the storage endpoint"
+        return f"cannot reach {host} ({name}): check the URL, and that the server is up and reachable from here"
+    return name
+
+
 def _real(e: BaseException) -> BaseException:
     """The failure behind ``e``: fsspec's HTTP ``info()`` turns any failure of its HEAD and GET (a
     503, a timeout, a refused redirect) into FileNotFoundError, the real one as its cause; s3fs
@@ -361,9 +388,9 @@ class Remote:
     def _failed(self, req: list[Any], e: BaseException, tries: Backoff) -> RemoteReadError:
         url, a, b = req
         what = f"bytes {a}-{b - 1} of " if a is not None and b > a else ""
-        why = "it is missing" if isinstance(e, FileNotFoundError) else f"{type(e).__name__}: {_scrub(str(e), url)}"
-        after = f" {tries.spent()} (timeout={self.timeout:g})" if _retryable(e) else ""
-        return RemoteReadError(f"could not read {what}{redact(url)}{after}: {why}", redact(url),
+        cause = "it is missing" if isinstance(e, FileNotFoundError) else _why(e, url, self.timeout)
+        after = f" {tries.spent()}{'' if _timed_out(e) else f' (timeout={self.timeout:g})'}" if _retryable(e) else ""
+        return RemoteReadError(f"could not read {what}{redact(url)}{after}: {cause}", redact(url),
                                (a, b) if a is not None else None)
 
 

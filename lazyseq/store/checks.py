@@ -224,5 +224,5 @@ def shard_file(root: str, name: str) -> str:
     if os.path.dirname(real) != top:
         raise StoreError(f"{path} leads outside the store (to {real}): a store's files must lie in its directory")
     if not stat.S_ISREG(st.st_mode):
-        raise StoreError(f"{path} is not a regular file: a store's shards are plain files")
+        raise StoreError(f"{path} is not a regular file ({fmt.not_regular(st.st_mode)}): a store's shards are plain files")
     return path

@@ -1,6 +1,7 @@
-"""The lock of a save to a URL: the object ``<url>/.lazyseq-lock.json`` (an owner id, the host, the
-pid, an expiry time), taken when a save starts, renewed by a thread every ``LEASE / 3`` seconds and
-deleted when the save ends, whether it succeeded or failed.
+"""The lock of a save to a URL: the object ``<url>/.lazyseq-lock.json`` (an owner id, the host, its
+boot and pid namespace, the pid and the process's start time, an expiry time), taken when a save
+starts, renewed by a thread every ``LEASE / 3`` seconds and deleted when the save ends, whether it
+succeeded or failed.
 
 Object storage has no locks, so this is a lease (docs/remote.md says what each step guarantees):
 
@@ -9,7 +10,9 @@ Object storage has no locks, so this is a lease (docs/remote.md says what each s
   that must show this save's owner id (where the conditional PUT was not atomic, or was ignored by
   the server, the later of two writes wins and the other save refuses).
 - **A lock that has expired** (its save was killed, or stalled longer than ``LEASE`` seconds) is
-  deleted, if a second read still shows the same expired lock, and taken as above.
+  deleted, if a second read still shows the same expired lock, and taken as above. So is, at once,
+  the lock of a save of this machine whose process is gone (:func:`gone`): the same host name, boot
+  and pid namespace, and no process with its pid, or one that started at another time (a reused pid).
 - **Renewing**: read (still ours?), then write a new expiry. A save that finds another owner's lock
   (it stalled past its lease and was taken over) stops renewing, and :meth:`Lease.check`, called
   right before the manifest is written, refuses: it never writes a manifest without its lock.
@@ -49,6 +52,60 @@ def _when(t: Any) -> str:
         return f"{t!r:.40}"
 
 
+def _read(path: str, link: bool = False) -> str | None:
+    """The text of a file of /proc (or where a link of it leads); None where there is none."""
+    try:
+        if link:
+            return os.readlink(path)
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _process(pid: int) -> tuple[str, int] | None:
+    """The state and the start time (clock ticks after boot) of process ``pid``, from Linux's /proc;
+    None where /proc does not say."""
+    text = _read(f"/proc/{pid}/stat")
+    try:  # "pid (name) state ppid ...": the name may hold spaces and parentheses; the start time is field 22
+        fields = text.rsplit(")", 1)[1].split()  # type: ignore[union-attr]
+        return fields[0], int(fields[19])
+    except (AttributeError, IndexError, ValueError):
+        return None
+
+
+def here() -> dict:
+    """What a lock records of its holder, beyond the owner id and times: the host name, the boot (Linux's
+    boot id) and the pid namespace its pid is a pid of, the pid and the process's start time (None
+    where the system does not say)."""
+    me = _process(os.getpid())
+    return {"host": socket.gethostname(), "boot": _read("/proc/sys/kernel/random/boot_id"),
+            "pidns": _read("/proc/self/ns/pid", link=True), "pid": os.getpid(), "pid_start": me[1] if me else None}
+
+
+def gone(held: dict) -> str | None:
+    """Why the save that holds ``held`` is known to be gone: a process of this machine (the same host name,
+    boot and pid namespace) that no longer runs, has exited, or whose pid is now another process's (it
+    started at another time); None if it may still run (on another machine, alive, or no way to tell: a
+    lock of an older lazyseq records no boot nor namespace)."""
+    pid, me = held.get("pid"), here()
+    if os.name != "posix" or type(pid) is not int or pid <= 0 or any(k not in held or held[k] != me[k] for k in
+                                                                       ("host", "boot", "pidns")):
+        return None
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return f"pid {pid} no longer runs on this host"
+    except OSError:  # PermissionError: it exists (another user's); its start time tells if it is the same
+        pass
+    now = _process(pid)
+    if now is not None and now[0] in ("Z", "X"):
+        return f"pid {pid} has exited"
+    if now is not None and isinstance(held.get("pid_start"), int) and now[1] != held["pid_start"]:
+        return f"pid {pid} is now another process, started after the lock was taken"
+    return None
+
+
 def who(held: dict) -> str:
     """The save that holds a lock, as a message names it."""
     return f"a save on {str(held.get('host'))[:100]} (pid {held.get('pid')!r:.20}, started {_when(held.get('started'))})"
@@ -78,8 +135,7 @@ class Lease:
                 raise
 
     def _body(self) -> bytes:
-        return json.dumps({"owner": self.owner, "host": socket.gethostname(), "pid": os.getpid(),
-                           "started": self.started, "expires": time.time() + self.seconds,
+        return json.dumps({"owner": self.owner, **here(), "started": self.started, "expires": time.time() + self.seconds,
                            "lease": self.seconds}).encode()
 
     def read(self) -> dict | None:
@@ -104,12 +160,12 @@ class Lease:
             held = self.read()
             if held is None:  # released in between
                 continue
-            self._refuse_unless_expired(held)
-            if self.read() == held:  # the same expired lock: no other save renewed or took it meanwhile
+            why = self._refuse_unless_free(held)
+            if self.read() == held:  # the same lock: no other save renewed or took it meanwhile
                 if not self.quiet:
                     print(f"lazyseq.save: taking over the lock of {self.remote.shown}: {who(held)} held it until "
-                          f"{_when(held['expires'])} (it expired)", file=sys.stderr)
-                delete(self.remote, [self.url], "the expired lock")
+                          f"{_when(held['expires'])} ({why})", file=sys.stderr)
+                delete(self.remote, [self.url], "the lock of a save that ended")
         else:
             raise SaveLocked(f"lazyseq.save: another save is taking the lock {self.shown} at the same time; try again")
         time.sleep(SETTLE)
@@ -120,15 +176,20 @@ class Lease:
         self._thread = threading.Thread(target=self._renew, name="lazyseq-save-lease", daemon=True)
         self._thread.start()
 
-    def _refuse_unless_expired(self, held: dict) -> None:
+    def _refuse_unless_free(self, held: dict) -> str:
+        """Why the lock ``held`` may be taken over (it expired, its process is gone), or SaveLocked."""
         expires = held.get("expires")
         if not isinstance(expires, int | float):
             raise SaveLocked(f"lazyseq.save: {self.shown} is a lock this lazyseq cannot read; if no save is writing "
                              f"{self.remote.shown}, delete it and save again")
-        if expires >= time.time():
-            raise SaveLocked(f"lazyseq.save: another save is writing {self.remote.shown}: {who(held)} holds its lock "
-                             f"until {_when(expires)}, renewing it while it runs; wait for it or stop it (the lock of "
-                             f"a save that was killed expires {held.get('lease', self.seconds)} s after its last renewal)")
+        if expires < time.time():
+            return "it expired"
+        dead = gone(held)
+        if dead is not None:
+            return f"its process is gone: {dead}"
+        raise SaveLocked(f"lazyseq.save: another save is writing {self.remote.shown}: {who(held)} holds its lock "
+                         f"until {_when(expires)}, renewing it while it runs; wait for it or stop it (the lock of "
+                         f"a save that was killed expires {held.get('lease', self.seconds)} s after its last renewal)")
 
     def _renew(self) -> None:
         while not self._stop.wait(self.seconds / 3):

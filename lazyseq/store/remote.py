@@ -23,6 +23,7 @@ from . import format as fmt
 __all__ = ["RemoteTable", "var_array", "byte_requests", "remote_manifest", "remote_verify"]
 
 MANIFEST_LIMIT = 256 * 2**20  # bytes: no store's manifest is larger; a larger object is not read
+_BUCKETS = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oss")  # URLs whose first part is a bucket (container)
 
 
 class RemoteTable:
@@ -97,6 +98,10 @@ def remote_manifest(remote: Remote) -> dict:
     except FileNotFoundError:
         pass
     if text is None:  # (raised here, not in the except block: no __context__ to carry a URL's secrets)
+        bucket = _missing_bucket(remote)
+        if bucket is not None:
+            raise FileNotFoundError(f"lazyseq.load: there is no store at {remote.shown}: the bucket {bucket} does not "
+                                    "exist, or cannot be listed with these credentials; check the URL and storage_options")
         hint = ""
         try:  # one request, on this error path only: the job file a save leaves until it ends
             remote.info(f"{remote.url}/.lazyseq-partial/{fmt.JOB}")
@@ -113,6 +118,19 @@ def remote_manifest(remote: Remote) -> dict:
     if m.get("version") != fmt.VERSION:
         raise StoreError(f"{shown} has format version {m.get('version')!r:.40}; this lazyseq reads version {fmt.VERSION}")
     return m
+
+
+def _missing_bucket(remote: Remote) -> str | None:
+    """The bucket of ``remote`` (``s3://bucket``, redacted), if the URL names one and its file system
+    says that it does not exist or cannot be listed; None otherwise, or when the file system cannot tell."""
+    protocol = remote.url.split("://", 1)[0].lower()
+    if protocol not in _BUCKETS:
+        return None
+    try:
+        bucket = remote.fs._strip_protocol(remote.url).split("/", 1)[0]
+        return None if not bucket or remote.fs.exists(bucket) else redact(f"{protocol}://{bucket}")
+    except Exception:  # a file system that cannot tell: the message says what is known (no manifest)
+        return None
 
 
 def remote_verify(remote: Remote, url: str, rec: dict) -> None:

@@ -141,7 +141,7 @@ def open_local(path: str, rec: dict) -> Any:
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise StoreError(f"{path} is not a regular file: a store's shards are plain files")
+            raise StoreError(f"{path} is not a regular file ({fmt.not_regular(st.st_mode)}): a store's shards are plain files")
         if st.st_size != rec["bytes"]:
             raise StoreError(f"{path} is truncated or was changed: {st.st_size} bytes, the manifest says {rec['bytes']}")
         return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if st.st_size else b""
