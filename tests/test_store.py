@@ -393,19 +393,19 @@ def test_missing_truncated_and_corrupted_files(tmp_path):
     data[3] ^= 0xFF
     shard.write_bytes(bytes(data))
     assert len(lazyseq.load(path)) == 30  # sizes match: only verify reads every byte
-    with pytest.raises(StoreError, match=rf"{name} is corrupted: its checksum"):
+    with pytest.raises(StoreError, match=rf"{name} \(shard 1\) is corrupted: its checksum"):
         lazyseq.load(path, verify=True)
     shard.write_bytes(bytes(data[:-5]))
-    with pytest.raises(StoreError, match=rf"{name} is truncated"):
+    with pytest.raises(StoreError, match=rf"{name} \(shard 1\) is truncated"):
         lazyseq.load(path)
     store = lazyseq.Store._reopen(str(path), lazyseq.load.__globals__["_manifest"](str(path)))
-    with pytest.raises(lazyseq.EvaluationError, match=rf"{name} is truncated"):
+    with pytest.raises(lazyseq.EvaluationError, match=rf"{name} \(shard 1\) is truncated"):
         store[store.per_shard]
     shard.unlink()
-    with pytest.raises(StoreError, match=rf"{name} is missing"):
+    with pytest.raises(StoreError, match=rf"{name} \(shard 1\) is missing"):
         lazyseq.load(path)
     (path / "manifest.json").write_text("{not json")
-    with pytest.raises(StoreError, match=r"manifest.json cannot be read"):
+    with pytest.raises(StoreError, match=r"manifest.json \(the manifest\) cannot be read"):
         lazyseq.load(path)
     (path / "manifest.json").unlink()
     with pytest.raises(StoreError, match="is not a lazyseq store"):

@@ -190,7 +190,7 @@ def test_deep_structures_and_non_json(simple):
     m = manifest_of(simple)
     (simple / "manifest.json").write_text(text.replace(json.dumps(m["structure"], separators=(",", ":")),
                                                        '{"list":null,"items":[' * 10000 + '{"leaf":0}' + "]}" * 10000))
-    with pytest.raises(StoreError, match="manifest.json cannot be read: RecursionError"):
+    with pytest.raises(StoreError, match=r"manifest.json \(the manifest\) cannot be read: RecursionError"):
         lazyseq.load(simple)
     deep = {"leaf": 0}
     for _ in range(200):
@@ -213,7 +213,7 @@ def test_shard_files_must_be_regular_files_inside_the_store(simple, tmp_path):
     outside.write_bytes(first.read_bytes())
     first.unlink()
     first.symlink_to(outside)  # the right size and checksum, outside the store
-    with pytest.raises(StoreError, match="leads outside the store"):
+    with pytest.raises(StoreError, match=r"\(shard 0\) is a symbolic link: .* never through a link"):
         lazyseq.load(simple)
     store = lazyseq.Store._reopen(str(simple), m)  # a worker's copy checks again when it opens the shard
     with pytest.raises(lazyseq.EvaluationError) as e:
@@ -237,7 +237,11 @@ def test_shard_files_must_be_regular_files_inside_the_store(simple, tmp_path):
     first.unlink()
     inside = simple / "copy.bin"
     inside.write_bytes(outside.read_bytes())
-    first.symlink_to(inside)  # a link inside the store is its own file
+    first.symlink_to(inside)  # a link is refused even to a file inside the store: no link is followed
+    with pytest.raises(StoreError, match="is a symbolic link"):
+        lazyseq.load(simple)
+    first.unlink()
+    os.link(inside, first)  # a hard link is the file itself
     assert lazyseq.load(simple)[0]["y"] == 0
 
 
@@ -280,7 +284,7 @@ def test_a_shard_that_is_not_a_regular_file_is_named(simple, kind):
     first = simple / m["shards"][0]["file"]
     first.unlink()
     _special(first, kind)
-    want = f"{first} is not a regular file (a {kind}): a store's shards are plain files"
+    want = f"{first} (shard 0) is not a regular file (a {kind}): a dataset's files are plain files"
     err = _raised_within(10, lambda: lazyseq.load(simple))
     assert isinstance(err, StoreError) and str(err) == want
     store = lazyseq.Store._reopen(str(simple), m)  # a worker's copy: the shard opened (without blocking) at a read
@@ -296,7 +300,7 @@ def test_a_manifest_that_is_not_a_regular_file_is_named(simple, kind):
     _special(manifest, kind)
     err = _raised_within(10, lambda: lazyseq.load(simple))
     assert isinstance(err, StoreError)
-    assert str(err) == f"the manifest {manifest} is not a regular file (a {kind}): a store's files are plain files"
+    assert str(err) == f"{manifest} (the manifest) is not a regular file (a {kind}): a dataset's files are plain files"
 
 
 def test_corrupted_tables_fail_the_item_they_touch(simple):

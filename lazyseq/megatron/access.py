@@ -18,9 +18,7 @@ local or in object storage:
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
-import stat
 import tempfile
 from collections.abc import Callable
 from typing import Any, BinaryIO
@@ -30,6 +28,7 @@ import numpy as np
 from ..errors import StoreError
 from ..files import DiskCache, Remote, RemoteFile, redact
 from ..files.fileobj import read_into
+from ..files.local import map_data, open_data
 
 __all__ = ["open_pair", "map_file", "stamp", "create", "commit", "write_atomic", "writable_dir", "makedirs", "read_npy",
            "remove", "IDX_LIMIT"]
@@ -43,7 +42,7 @@ def open_pair(bin_file: str, idx_file: str, remote: Remote | None) -> tuple[Any,
     read-only ``uint8`` array, ``version`` the objects' ``[size, etag]`` (``.idx`` first) for a URL,
     None locally. ``FileNotFoundError`` names a missing file."""
     if remote is None:
-        return map_file(bin_file), map_file(idx_file), None
+        return map_file(bin_file, "the corpus's .bin"), map_file(idx_file, "the corpus's .idx"), None
     idx_info, bin_info = remote.info(idx_file), remote.info(bin_file)
     if idx_info["size"] > IDX_LIMIT:
         raise StoreError(f"{redact(idx_file)} is {idx_info['size']} bytes: larger than any index this reader reads "
@@ -68,26 +67,21 @@ def _cached(disk: DiskCache | None, url: str, info: dict) -> np.ndarray | None:
         return None
     try:
         local = disk.local(url, info["size"], info["etag"])
-        return map_file(local) if local is not None else None
+        return map_file(local, "a cache_dir entry") if local is not None else None
     except (FileNotFoundError, TimeoutError):
         return None
 
 
-def map_file(path: str) -> np.ndarray:
-    """The bytes of the regular file ``path`` as a read-only ``uint8`` array over a memory map.
-
-    A missing file raises ``FileNotFoundError``; anything else than a regular file (a FIFO, a
-    device, a directory) a :class:`StoreError` naming it: opening never waits on a FIFO."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise StoreError(f"{path} is not a regular file")
-        if st.st_size == 0:  # mmap refuses an empty file
-            empty = np.zeros(0, np.uint8)
-            empty.flags.writeable = False
-            return empty
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+def map_file(path: str, what: str = "a corpus file") -> np.ndarray:
+    """The bytes of the regular file ``path`` as a read-only ``uint8`` array over a memory map,
+    opened once as a stranger's file (:mod:`lazyseq.files.local`: never through a link, never
+    waiting on a FIFO; anything but a regular file is a :class:`StoreError` naming it). A missing
+    file raises ``FileNotFoundError``."""
+    mm = map_data(path, what, root=os.path.dirname(path) or ".")
+    if not len(mm):  # mmap refuses an empty file
+        empty = np.zeros(0, np.uint8)
+        empty.flags.writeable = False
+        return empty
     return np.frombuffer(mm, np.uint8)
 
 
@@ -145,7 +139,8 @@ def read_npy(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     allocated, and nothing is unpickled. ``ValueError`` says what differs; ``OSError`` when
     the file cannot be read."""
     fmt = np.lib.format
-    with open(path, "rb") as f:
+    fd, _ = open_data(path, "an index cache file")  # never through a link, never waiting on a FIFO
+    with os.fdopen(fd, "rb") as f:
         version = fmt.read_magic(f)
         if version not in ((1, 0), (2, 0), (3, 0)):
             raise ValueError(f"unknown .npy version {version}")

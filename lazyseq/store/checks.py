@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import re
-import stat
 from typing import Any
 
 import numpy as np
@@ -21,7 +19,7 @@ import numpy as np
 from ..errors import StoreError
 from . import format as fmt
 
-__all__ = ["manifest", "shard_file", "KINDS"]
+__all__ = ["manifest", "KINDS"]
 
 KINDS = frozenset({"array", "scalar", "none", *fmt.PYTHON, *fmt.BYTES_LIKE})
 MAX_DEPTH = 64  # containers inside containers in one item
@@ -210,19 +208,3 @@ def _layout(f: dict, lay: dict, dt: np.dtype | None, m: int, size: int, what: st
     if count >= 2**62:
         raise _Bad(f"{what}: {m} items of shape {tuple(shape)} are more elements than an array holds")
     return [part("data", count * dt.itemsize)]
-
-
-def shard_file(root: str, name: str) -> str:
-    """The path of shard file ``name`` of the store at ``root``, refused with a StoreError unless
-    it is a regular file whose real path lies inside ``root`` (no symlink out, no FIFO, no device)."""
-    path = os.path.join(root, name)
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise StoreError(f"{path} is missing: the store is incomplete") from None
-    real, top = os.path.realpath(path), os.path.realpath(root)
-    if os.path.dirname(real) != top:
-        raise StoreError(f"{path} leads outside the store (to {real}): a store's files must lie in its directory")
-    if not stat.S_ISREG(st.st_mode):
-        raise StoreError(f"{path} is not a regular file ({fmt.not_regular(st.st_mode)}): a store's shards are plain files")
-    return path

@@ -19,16 +19,18 @@ import collections
 import json
 import os
 import pickle
-import stat
 from typing import Any
 
 import numpy as np
+
+from ..files.local import read_data
 
 FORMAT = "lazyseq.store"
 VERSION = 1
 MANIFEST = "manifest.json"
 PROGRESS = ".progress"  # job.json, lock, and one record per finished shard, while a save runs
 JOB = "job.json"
+MANIFEST_BYTES = 256 * 2**20  # no store's manifest is larger: a larger file or object is not read
 
 # Fields: the kind of leaf, and for arrays and numpy scalars their dtype (and ndim).
 PYTHON = {"bool": np.dtype(bool), "int": np.dtype("<i8"), "float": np.dtype("<f8"), "complex": np.dtype("<c16")}
@@ -194,34 +196,16 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
-def not_regular(mode: int) -> str | None:
-    """What a file of ``mode`` (``st_mode``) is when it is not a regular file (``"a FIFO"``); None if it is one."""
-    if stat.S_ISREG(mode):
-        return None
-    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"),
-             (stat.S_ISSOCK, "a socket"))
-    return next((name for test, name in kinds if test(mode)), "a special file")
-
-
 def read_json(path: str, what: str) -> Any:
-    """The JSON file at ``path``: opened once, without blocking (a FIFO in its place cannot make the open
-    wait), and read only if the descriptor is a regular file's. OSError names ``what`` and ``path``."""
+    """The JSON file at ``path``, opened once as a stranger's file (:mod:`lazyseq.files.local`: never
+    through a link, never waiting on a FIFO, a regular file of at most :data:`MANIFEST_BYTES`).
+    OSError (StoreError for a file that is not what it should be) names ``what`` and ``path``;
+    FileNotFoundError when it is missing."""
+    data = read_data(path, what, max_bytes=MANIFEST_BYTES)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    except FileNotFoundError:
-        raise
-    except OSError as e:
-        raise OSError(f"{what} {path} cannot be read: {type(e).__name__}: {str(e)[:200]}") from None
-    try:
-        kind = not_regular(os.fstat(fd).st_mode)
-        if kind is None:
-            with os.fdopen(fd, "rb", closefd=False) as f:  # (a directory's descriptor: fdopen would refuse it)
-                return json.load(f)
-    except (OSError, ValueError, RecursionError) as e:  # RecursionError: JSON nested too deep
-        raise OSError(f"{what} {path} cannot be read: {type(e).__name__}: {str(e)[:200]}") from None
-    finally:
-        os.close(fd)
-    raise OSError(f"{what} {path} is not a regular file ({kind}): a store's files are plain files")
+        return json.loads(data)
+    except (ValueError, RecursionError) as e:  # RecursionError: JSON nested too deep
+        raise OSError(f"{path} ({what}) cannot be read: {type(e).__name__}: {str(e)[:200]}") from None
 
 
 def pickle_dumps(x: Any) -> bytes:

@@ -17,6 +17,7 @@ import numpy as np
 from ..core.base import View
 from ..errors import RemoteReadError, StoreError
 from ..files import DiskCache, Remote, is_url, local_path, redact
+from ..files.local import open_data
 from . import checks
 from . import format as fmt
 from .build import builder
@@ -86,13 +87,20 @@ class Store(View):
                 for k in range(len(self.records)):
                     remote_verify(self.remote, self._url(k), self.records[k])
             return
-        for rec in self.records:
-            f = checks.shard_file(self.path, rec["file"])
-            size = os.path.getsize(f)
-            if size != rec["bytes"]:
-                raise StoreError(f"{f} is truncated or was changed: {size} bytes, the manifest says {rec['bytes']}")
-            if verify and file_crc(f) != rec["crc32"]:
-                raise StoreError(f"{f} is corrupted: its checksum differs from the manifest's")
+        for k, rec in enumerate(self.records):  # each opened once, its size and checksum read from that descriptor
+            f, what = os.path.join(self.path, rec["file"]), f"shard {k}"
+            try:
+                fd, st = open_data(f, what, root=self.path)
+            except FileNotFoundError:
+                raise StoreError(f"{f} ({what}) is missing: the store is incomplete") from None
+            try:
+                if st.st_size != rec["bytes"]:
+                    raise StoreError(f"{f} ({what}) is truncated or was changed: {st.st_size} bytes, the manifest says "
+                                     f"{rec['bytes']}")
+                if verify and file_crc(fd) != rec["crc32"]:
+                    raise StoreError(f"{f} ({what}) is corrupted: its checksum differs from the manifest's")
+            finally:
+                os.close(fd)
 
     # -- reads -----------------------------------------------------------------------------------
     def _len(self) -> int:
@@ -135,8 +143,8 @@ class Store(View):
     def _open_shard(self, k: int) -> Shard:
         rec = self.records[k]
         if self.remote is None:
-            path = checks.shard_file(self.path, rec["file"])
-            return Shard(open_local(path, rec), path, rec, self.fields, self._dtypes)
+            path = os.path.join(self.path, rec["file"])  # a plain name (checks.py): the file is in the store's folder
+            return Shard(open_local(path, rec, f"shard {k}", root=self.path), path, rec, self.fields, self._dtypes)
         url = self._url(k)
         f = None
         with contextlib.suppress(FileNotFoundError):
@@ -152,7 +160,7 @@ class Store(View):
                 local = self._disk.local(url, f.size, f.etag)
         if local is not None:
             with contextlib.suppress(StoreError):  # another process's eviction took it meanwhile: read remotely
-                return Shard(open_local(local, rec), redact(url), rec, self.fields, self._dtypes)
+                return Shard(open_local(local, rec, f"shard {k} (cached)"), redact(url), rec, self.fields, self._dtypes)
         return Shard(f, redact(url), rec, self.fields, self._dtypes)
 
     def _spans(self, k: np.ndarray) -> Spans | None:

@@ -22,7 +22,6 @@ from . import format as fmt
 
 __all__ = ["RemoteTable", "var_array", "byte_requests", "remote_manifest", "remote_verify"]
 
-MANIFEST_LIMIT = 256 * 2**20  # bytes: no store's manifest is larger; a larger object is not read
 _BUCKETS = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oss")  # URLs whose first part is a bucket (container)
 
 
@@ -94,7 +93,7 @@ def remote_manifest(remote: Remote) -> dict:
     shown = f"{remote.shown}/{fmt.MANIFEST}"
     text = None
     try:
-        text = remote.read_whole(url, MANIFEST_LIMIT, "manifest")
+        text = remote.read_whole(url, fmt.MANIFEST_BYTES, "manifest")
     except FileNotFoundError:
         pass
     if text is None:  # (raised here, not in the except block: no __context__ to carry a URL's secrets)

@@ -6,10 +6,7 @@ values were checked before, :mod:`.checks`)."""
 from __future__ import annotations
 
 import math
-import mmap
-import os
 import pickle
-import stat
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +14,7 @@ import numpy as np
 
 from ..errors import StoreError
 from ..files import RemoteFile
+from ..files.local import map_data
 from . import format as fmt
 from .remote import RemoteTable, byte_requests, var_array
 
@@ -132,16 +130,10 @@ class Shard:
         return _fixed(kind, table)
 
 
-def open_local(path: str, rec: dict) -> Any:
-    """A read-only memory map of the shard file at ``path`` (checked: a regular file of its size)."""
-    try:  # O_NONBLOCK: a FIFO put in the shard's place since the check cannot make open() wait
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+def open_local(path: str, rec: dict, what: str, root: str | None = None) -> Any:
+    """A read-only memory map of the shard file at ``path``, opened once and checked by its descriptor
+    (:mod:`lazyseq.files.local`: a regular file in ``root``, of the manifest's size)."""
+    try:
+        return map_data(path, what, root=root, size=rec["bytes"])
     except FileNotFoundError:
-        raise StoreError(f"{path} is missing: the store is incomplete") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise StoreError(f"{path} is not a regular file ({fmt.not_regular(st.st_mode)}): a store's shards are plain files")
-        if st.st_size != rec["bytes"]:
-            raise StoreError(f"{path} is truncated or was changed: {st.st_size} bytes, the manifest says {rec['bytes']}")
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if st.st_size else b""
+        raise StoreError(f"{path} ({what}) is missing: the store is incomplete") from None

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..files.local import open_data
 from ..helpers import align
 from . import format as fmt
 
@@ -118,11 +119,11 @@ def write_shard(path: str, fields: list[dict], cols: list[list], lo: int) -> tup
     return pos, crc, layouts
 
 
-def file_crc(path: str) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            crc = zlib.crc32(chunk, crc)
+def file_crc(fd: int) -> int:
+    """The CRC-32 of the file open at ``fd``, read from its start (``fd`` stays open)."""
+    crc, pos = 0, 0
+    while chunk := os.pread(fd, 1 << 22, pos):
+        crc, pos = zlib.crc32(chunk, crc), pos + len(chunk)
     return crc
 
 
@@ -132,9 +133,12 @@ def finished(root: str, k: int, r: range) -> dict | None:
         rec = fmt.read_json(os.path.join(root, fmt.PROGRESS, fmt.record_name(k)), "record")
         if (rec["shard"], rec["start"], rec["stop"]) != (k, r.start, r.stop):
             return None
-        data = os.path.join(root, rec["file"])
-        if os.path.getsize(data) != rec["bytes"] or file_crc(data) != rec["crc32"]:
-            return None
+        fd, st = open_data(os.path.join(root, rec["file"]), f"shard {k}", root=root)
+        try:
+            if st.st_size != rec["bytes"] or file_crc(fd) != rec["crc32"]:
+                return None
+        finally:
+            os.close(fd)
     except (OSError, KeyError, TypeError):
         return None
     return rec
