@@ -3,7 +3,9 @@ HTTPFileSystem, s3fs) talk to them over real sockets, so nothing of lazyseq's ca
 
 - :class:`RangeServer`: files of a directory over HTTP/1.1 (keep-alive, ranged GET, HEAD, latency): the
   package's :class:`lazyseq.files.httpserver.RangeServer`, with knobs that inject error statuses,
-  connections dropped mid-body, stalls and redirects.
+  connections dropped mid-body, stalls, bodies trickled byte by byte, wrong ``Content-Range`` answers,
+  redirects, and a server without ETags; it honours ``If-Match`` as an object store does (412), and
+  records each request's headers.
 - :class:`S3Server`: moto's S3 in server mode (the WSGI app of ``moto.server.ThreadedMotoServer``).
 
 Both bind 127.0.0.1 on a free port, run in daemon threads, and on ``close()`` shut down the listener,
@@ -12,6 +14,7 @@ started, so a test leaves no thread behind (the ``no_leaks`` fixture of ``tests/
 
 from __future__ import annotations
 
+import email.utils
 import os
 import socket
 import struct
@@ -31,6 +34,30 @@ class _FaultyHandler(RangeHandler):
     """The package's handler, with the faults :meth:`RangeServer._on_request` picked for the request in progress."""
 
     fault: tuple[int, bool, bool] = (0, False, False)  # status to fail with or 0, drop mid-body, with an RST
+    trickle: float = 0.0  # seconds between the bytes of this answer's body (0: sent at once)
+    misrange: bool = False  # answer a ranged GET with as many bytes from the file's start (their Content-Range says so)
+
+    def send_header(self, keyword: str, value: str) -> None:
+        if keyword == "ETag" and not self.server.owner.etags:  # type: ignore[attr-defined]
+            return  # a server that gives Last-Modified only
+        super().send_header(keyword, value)
+
+    def _send_file(self, f: BinaryIO, rng: str | None, body: bool) -> None:
+        """As the package's, but ``If-Match`` is honoured (412 unless it names the file's ETag, or is ``*``) and
+        a ``misrange`` answer is the same number of bytes from the file's start, said so in its Content-Range."""
+        owner = self.server.owner  # type: ignore[attr-defined]
+        st = os.fstat(f.fileno())
+        want = self.headers.get("If-Match")
+        if want is not None and owner.if_match and want.strip() != "*" and want.strip() != owner.etag_of(st):
+            return self.send(412, {"Content-Type": "text/plain"}, b"412 Precondition Failed\n", body)
+        span = httpserver.parse_range(rng, st.st_size)
+        if self.misrange and isinstance(span, tuple) and span[0] > 0:
+            n = span[1] - span[0] + 1
+            meta = {"Content-Range": f"bytes 0-{n - 1}/{st.st_size}", "Content-Length": str(n), "ETag": owner.etag_of(st),
+                    "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True)}
+            self.send(206, meta, body=False)
+            return self.write_body(f, n) if body else None
+        return super()._send_file(f, rng, body)
 
     def answer_first(self, req: Request, body: bool) -> bool:
         status = self.fault[0]
@@ -45,6 +72,15 @@ class _FaultyHandler(RangeHandler):
 
     def write_body(self, f: BinaryIO, n: int) -> None:
         _, drop, reset = self.fault
+        if self.trickle:  # one byte, then a wait: the connection never goes quiet for as long as a socket timeout
+            closing = self.server.owner._closing  # type: ignore[attr-defined]
+            for _ in range(n):
+                self.wfile.write(f.read(1))
+                self.wfile.flush()
+                if closing.wait(self.trickle):
+                    self.close_connection = True
+                    return
+            return None
         if not drop:
             return super().write_body(f, n)
         self.wfile.write(f.read(n // 2))  # half the body, then the connection goes: a transfer cut short
@@ -69,8 +105,30 @@ class RangeServer(httpserver.RangeServer):
         self._fail: list[tuple[int, int]] = []  # [remaining, status]
         self._drop = [0, False]  # remaining, reset
         self._hang = [0, 0.0]  # remaining, seconds
+        self._trickle = [0, 0.0]  # remaining, seconds between bytes
+        self._misrange = 0  # remaining
         self._redirects: dict[str, tuple[str, int]] = {}
+        self.etags = True  # False: answers carry Last-Modified but no ETag
+        self.if_match = True  # False: If-Match is ignored (as the package's server, and many static servers, do)
+        self.headers: list[dict[str, str]] = []  # each request's headers, in arrival order (reset_counts clears them)
         super().__init__(root, latency=latency, listing=listing)
+
+    def trickle_next(self, n: int, every: float) -> None:
+        """The next ``n`` GETs of a file send their body one byte every ``every`` seconds: a server that never
+        goes quiet for a socket timeout, yet never finishes in time."""
+        with self._lock:
+            self._trickle = [n, every]
+
+    def misrange_next(self, n: int = 1) -> None:
+        """The next ``n`` ranged GETs that do not start at 0 get 206 with as many bytes from the file's start, and
+        a Content-Range that says so (``bytes 0-...``): a server or proxy that answers another range than asked."""
+        with self._lock:
+            self._misrange = n
+
+    def reset_counts(self) -> None:
+        with self._lock:
+            self._requests.clear()
+            self.headers.clear()
 
     def fail_next(self, n: int = 1, status: int = 503) -> None:
         """The next ``n`` requests (any method) get ``status`` with a short text body: a throttling or failing store."""
@@ -101,6 +159,7 @@ class RangeServer(httpserver.RangeServer):
         """Records a request and picks its faults (the handler's ``fault``); the seconds it stalls."""
         with self._lock:
             self._requests.append(req)
+            self.headers.append(dict(handler.headers.items()))
             fail = drop = reset = False
             stall = self._latency
             if self._hang[0] > 0:
@@ -113,6 +172,13 @@ class RangeServer(httpserver.RangeServer):
                 self._drop[0] -= 1
                 drop, reset = True, bool(self._drop[1])
             handler.fault = (int(fail), drop, reset)  # type: ignore[attr-defined]
+            handler.trickle = handler.misrange = 0  # type: ignore[attr-defined]
+            if req.method == "GET" and self._trickle[0] > 0 and not fail:
+                self._trickle[0] -= 1
+                handler.trickle = self._trickle[1]  # type: ignore[attr-defined]
+            if req.method == "GET" and req.range and not req.range.startswith("bytes=0-") and self._misrange > 0 and not fail:
+                self._misrange -= 1
+                handler.misrange = True  # type: ignore[attr-defined]
             return stall
 
     def _redirect_for(self, path: str) -> tuple[str, int] | None:

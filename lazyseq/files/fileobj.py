@@ -16,7 +16,7 @@ import os
 from typing import Any, BinaryIO
 
 from .diskcache import DiskCache
-from .remote import Remote, RemoteFile
+from .remote import Remote, RemoteFile, Version
 from .urls import is_url, local_path, redact
 
 __all__ = ["open_file", "RangedRaw", "read_into", "WINDOW", "MAX_WINDOW", "PART"]
@@ -28,14 +28,15 @@ PARALLEL = 8  # ... this many at once
 BUFFER = 256 * 2**10  # the BufferedReader's own buffer, over the read-ahead
 
 
-def read_into(remote: Remote, url: str, start: int, out: memoryview, cache: bool = True) -> None:
-    """Bytes ``start`` to ``start + len(out)`` of ``url`` into ``out``: parts of ``PART`` bytes, up
-    to ``PARALLEL`` of them at once (so no single request holds a large read)."""
-    n = len(out)
+def read_into(remote: Remote, url: str, start: int, out: memoryview, cache: bool = True, version: Version | None = None) -> None:
+    """Bytes ``start`` to ``start + len(out)`` of ``url`` (of ``version``, else as ``remote`` last
+    opened it) into ``out``: parts of ``PART`` bytes, up to ``PARALLEL`` of them at once (so no
+    single request holds a large read)."""
+    n, tail = len(out), (version,) if version is not None else ()
     for base in range(0, n, PART * PARALLEL):
-        reqs = [(url, start + a, start + min(a + PART, n)) for a in range(base, min(n, base + PART * PARALLEL), PART)]
-        for (_, a, b), blob in zip(reqs, remote.read_ranges(reqs, cache)):
-            out[a - start : b - start] = blob
+        reqs = [(url, start + a, start + min(a + PART, n), *tail) for a in range(base, min(n, base + PART * PARALLEL), PART)]
+        for r, blob in zip(reqs, remote.read_ranges(reqs, cache)):
+            out[r[1] - start : r[2] - start] = blob
 
 
 class RangedRaw(io.RawIOBase):
@@ -76,14 +77,14 @@ class RangedRaw(io.RawIOBase):
             self._window = min(2 * self._window, MAX_WINDOW) if pos == self._end else WINDOW
             if n >= self._window:  # straight into the caller's buffer
                 self._f.request(pos, pos + n)  # checked against the object's size
-                read_into(self._f.remote, self._f.url, pos, out[:n])
+                read_into(self._f.remote, self._f.url, pos, out[:n], version=self._f.version)
                 self._ahead, self._at, self._end = b"", 0, pos + n
                 self._pos = pos + n
                 return n
             stop = min(size, pos + self._window)
             self._f.request(pos, stop)
             self._ahead, buf = b"", bytearray(stop - pos)
-            read_into(self._f.remote, self._f.url, pos, memoryview(buf))  # on failure, nothing is kept
+            read_into(self._f.remote, self._f.url, pos, memoryview(buf), version=self._f.version)  # on failure, nothing kept
             self._ahead, self._at, self._end = buf, pos, stop
         k = pos - self._at
         n = min(n, len(self._ahead) - k)

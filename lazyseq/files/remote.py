@@ -5,15 +5,24 @@ of it, read like a buffer (``f[a:b]``).
 What a read costs: one ranged GET per range asked for, unless the block cache holds it. A bulk
 read (:meth:`Remote.holding`) sorts its ranges, joins neighbours (gaps under ``GAP`` bytes) into
 one request, sends the requests concurrently, and serves the ranges to the thread that asked until
-it leaves the ``with`` block. A failed or timed-out request is retried with backoff until
-``timeout`` seconds have passed since the read began; a response of the wrong length is a failure
-(a connection lost mid-transfer never yields part of an item).
+it leaves the ``with`` block.
+
+Each object is read as the version it was opened (:meth:`Remote.open` or :meth:`Remote.info`: its
+size, ETag, S3 VersionId): every ranged GET carries it, and an object that changed since raises
+:class:`RemoteReadError` rather than mixing two versions; the block cache keys its ranges by
+version too. A read has one deadline, ``timeout`` seconds (more for a large bulk read: one
+``timeout`` per round of the connection pool and per 32 MiB), shared by all its tries and all its
+concurrent requests; a failed request is retried with backoff within it. A response of the wrong
+length or range is a failure (a connection lost mid-transfer never yields part of an item). A
+read that found no answer within its deadline makes the reads that start in the next ``timeout``
+seconds fail at once: a stalled server costs a loop over many items one ``timeout``, not one each.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import math
 import os
 import threading
 import time
@@ -22,53 +31,27 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..errors import RemoteReadError
-from .connect import RedirectRefused, WrongLength, filesystem, http_ranges
+from .connect import (
+    Backoff,
+    Changed,
+    Version,
+    WrongLength,
+    _real,
+    _retryable,
+    _timed_out,
+    _unreachable,
+    fetch_ranges,
+    filesystem,
+    pool_size,
+)
 from .urls import ANY_URL, join, redact
 
-__all__ = ["Remote", "RemoteFile", "GAP", "MAX_REQUEST"]
+__all__ = ["Remote", "RemoteFile", "Version", "GAP", "MAX_REQUEST", "PER_TIMEOUT"]
 
 GAP = 64 * 1024  # neighbouring ranges closer than this go out as one request (more bytes, not more time)
 MAX_REQUEST = 16 * 2**20  # ... unless the joined request would be larger
-Request = tuple[str, int, int]  # (url, start, stop)
-
-
-_NETWORK = ("aiohttp", "botocore", "aiobotocore", "urllib3", "requests", "google", "gcsfs", "adlfs", "azure")
-
-
-def _status(e: BaseException) -> int | None:
-    """The HTTP status of a failed request: aiohttp's ``.status``, botocore's response metadata."""
-    status = getattr(e, "status", None) or getattr(e, "code", None)
-    if isinstance(status, int):
-        return status
-    meta = (getattr(e, "response", None) or {}) if isinstance(getattr(e, "response", None), dict) else {}
-    status = meta.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return status if isinstance(status, int) else None
-
-
-def _retryable(e: BaseException) -> bool:
-    """A failure that another try may not have: timeouts, lost connections, 5xx, 408, 425, 429.
-    Not: a missing or forbidden object, a refused redirect, any other 4xx, a programming error
-    (an unknown protocol, a missing package, a TypeError)."""
-    final = FileNotFoundError | PermissionError | IsADirectoryError | NotADirectoryError | RedirectRefused | WrongLength
-    if isinstance(e, final):
-        return False
-    status = _status(e)
-    if status is not None and 400 <= status < 500:
-        return status in (408, 425, 429)
-    return isinstance(e, OSError | TimeoutError) or type(e).__module__.split(".")[0] in _NETWORK
-
-
-def _timed_out(e: BaseException) -> bool:
-    """A request that got no answer in time (fsspec's FSTimeoutError, aiohttp's, botocore's timeouts)."""
-    return isinstance(e, TimeoutError) or any("Timeout" in c.__name__ for c in type(e).__mro__)
-
-
-def _unreachable(e: BaseException) -> bool:
-    """A connection that could not be made: refused, no such host (aiohttp, botocore); not a TLS failure."""
-    names = [c.__name__ for c in type(e).__mro__]
-    if any("SSL" in n or "Certificate" in n for n in names):
-        return False
-    return isinstance(e, ConnectionRefusedError) or "ClientConnectorError" in names or "EndpointConnectionError" in names
+PER_TIMEOUT = 32 * 2**20  # a read bringing more bytes than this gets one more `timeout` per PER_TIMEOUT
+Request = tuple  # (url, start, stop, version): version a connect.Version or None; (url, start, stop): as last opened
 
 
 def _why(e: BaseException, url: str, timeout: float) -> str:
@@ -83,39 +66,6 @@ def _why(e: BaseException, url: str, timeout: float) -> str:
         host = f"the host {rest.split('/', 1)[0]}" if scheme.lower() in ("http", "https") else "the storage endpoint"
         return f"cannot reach {host} ({name}): check the URL, and that the server is up and reachable from here"
     return name
-
-
-def _real(e: BaseException) -> BaseException:
-    """The failure behind ``e``: fsspec's HTTP ``info()`` turns any failure of its HEAD and GET (a
-    503, a timeout, a refused redirect) into FileNotFoundError, the real one as its cause; s3fs
-    turns a missing bucket into one too (a 404: still missing)."""
-    cause = e.__cause__
-    if isinstance(e, FileNotFoundError) and cause is not None and _status(cause) not in (404, 410):
-        return cause
-    return e
-
-
-class Backoff:
-    """The tries of one read or write: waits of 50 ms doubling up to 2 s between them, as long as
-    the next try would start within ``window`` seconds of the first."""
-
-    def __init__(self, window: float):
-        self.window, self.start, self.delay, self.tries = window, time.monotonic(), 0.05, 0
-
-    def left(self) -> float:
-        """Seconds of the window not used yet (a try's own timeout)."""
-        return self.window - (time.monotonic() - self.start)
-
-    def again(self) -> bool:
-        """After a failed try: wait and say True, or say False when the window is spent."""
-        if time.monotonic() - self.start + self.delay >= self.window:
-            return False
-        time.sleep(self.delay)
-        self.delay = min(self.delay * 2, 2.0)
-        return True
-
-    def spent(self) -> str:
-        return f"after {self.tries} tr{'ies' if self.tries > 1 else 'y'} in {time.monotonic() - self.start:.1f} s"
 
 
 class RangeCache:
@@ -184,7 +134,8 @@ class Remote:
         self._pid = os.getpid()
         self._held = threading.local()
         self._lock = threading.Lock()
-        self._versions: dict[str, str | None] = {}  # the ETag each object had when last opened
+        self._versions: dict[str, Version] = {}  # each object as it was when last opened
+        self._quiet: tuple[float, float] | None = None  # (when, the read's budget): a read got no answer in time
 
     def __reduce__(self):
         return (Remote, (self.url, self.options, self.block_cache, self.cache_dir, self.cache_dir_bytes, self.timeout))
@@ -197,7 +148,7 @@ class Remote:
         """In a forked child: new locks (a parent's thread may have held one at the fork), a new
         cache, no file system (its connections and event loop are the parent's)."""
         if self._pid != os.getpid():
-            self._lock, self._pid, self._fs, self._versions = threading.Lock(), os.getpid(), None, {}
+            self._lock, self._pid, self._fs, self._versions, self._quiet = threading.Lock(), os.getpid(), None, {}, None
             self.cache = RangeCache(self.block_cache) if self.block_cache else None
 
     @property
@@ -215,42 +166,68 @@ class Remote:
         return join(self.url, name, what)
 
     # -- whole objects -----------------------------------------------------------------------------
-    def info(self, url: str) -> dict:
-        """``{"size": bytes, "etag": str | None}`` of the object at ``url`` (one HEAD request)."""
-        d = self._retry(lambda: self.fs.info(url, **self._call()), url, None)
-        tag = d.get("ETag") or d.get("etag") or d.get("LastModified") or d.get("Last-Modified") or d.get("mtime")
+    def info(self, url: str, tries: Backoff | None = None) -> dict:
+        """``{"size", "etag", "version_id", "modified"}`` of the object at ``url`` (one HEAD request),
+        which the reads of ``url`` then carry (:meth:`open`). ``etag``: a strong ETag, or None where the
+        server gives none (or a weak one): the object is then unversioned, whatever its ``modified``
+        (a Last-Modified date, one second coarse, says nothing of a change within that second)."""
+        protocol = self.url.split("://", 1)[0].lower()
+        extra = {"refresh": True} if protocol in ("s3", "s3a") else {}  # a HEAD, not s3fs's listing cache
+        d = self._retry(lambda left: self.fs.info(url, **extra, **self._call(left)), url, None, tries)
         if d.get("size") is None:
             raise RemoteReadError(f"{redact(url)} does not say its size: a server must answer HEAD with Content-Length",
                                   redact(url))
-        return {"size": int(d["size"]), "etag": str(tag) if tag is not None else None}
+        etag, vid = d.get("ETag") or d.get("etag"), d.get("VersionId")
+        etag = str(etag) if etag and not str(etag).startswith("W/") else None
+        vid = str(vid) if vid not in (None, "", "null") else None
+        modified = d.get("LastModified") or d.get("Last-Modified") or d.get("mtime") or d.get("updated")
+        version = Version(int(d["size"]), etag, vid)
+        if self._versions.get(url, version) != version and self.cache is not None:
+            self.cache.drop(url)  # the object was replaced: its old ranges are of no more use
+        self._versions[url] = version
+        return {"size": version.size, "etag": etag, "version_id": vid, "modified": None if modified is None else str(modified)}
 
     def read_whole(self, url: str, limit: int, what: str) -> bytes:
-        """The object at ``url`` (a manifest, an index), refused if larger than ``limit`` bytes."""
-        size = self.info(url)["size"]
+        """The object at ``url`` (a manifest, an index), refused if larger than ``limit`` bytes: its
+        HEAD and its GETs one read, under one deadline."""
+        tries = Backoff(self.timeout)
+        size = self.info(url, tries)["size"]
         if size > limit:
             raise RemoteReadError(f"{redact(url)} is {size} bytes: larger than any {what} ({limit} bytes at most)", redact(url))
-        part = 8 * 2**20  # parts sent at once: no single GET has to carry it all within the timeout
-        return b"".join(self.read_ranges([(url, a, min(a + part, size)) for a in range(0, size, part)], cache=False))
+        part = 8 * 2**20  # parts sent at once: no single GET has to carry it all
+        reqs = [(url, a, min(a + part, size), self._versions[url]) for a in range(0, size, part)]
+        tries.window, tries.tries = max(tries.window, self.budget(len(reqs), size)), 0  # (the GETs' tries are counted)
+        segments = self._fetch_joined(reqs, cache=False, tries=tries)
+        return b"".join(self._slice(segments, r) for r in reqs)
 
     def open(self, url: str, size: int | None = None) -> RemoteFile:
-        """The object at ``url`` as a :class:`RemoteFile`; ``size``: what the caller's index says
-        it holds, checked against the object's length before any read."""
+        """The object at ``url`` as a :class:`RemoteFile`, read as the version found now; ``size``:
+        what the caller's index says it holds, checked against the object's length before any read."""
         d = self.info(url)
-        if self._versions.get(url, d["etag"]) != d["etag"] and self.cache is not None:
-            self.cache.drop(url)  # the object was replaced: its old ranges must not be served
-        self._versions[url] = d["etag"]
         if size is not None and d["size"] != size:
             raise RemoteReadError(f"{redact(url)} is {d['size']} bytes, its index says {size}: the object is truncated "
                                   "or was replaced", redact(url))
-        return RemoteFile(self, url, d["size"], d["etag"])
+        return RemoteFile(self, url, d["size"], d["etag"], self._versions[url])
 
     # -- ranges ------------------------------------------------------------------------------------
+    def budget(self, requests: int, nbytes: int) -> float:
+        """The seconds a read of ``requests`` requests bringing ``nbytes`` bytes may take, its tries
+        included: ``timeout`` per round of the connection pool and per ``PER_TIMEOUT`` bytes."""
+        protocol = self.url.split("://", 1)[0].lower()
+        rounds = math.ceil(requests / max(1, pool_size(self.fs, protocol)))
+        return self.timeout * max(1, rounds, math.ceil(nbytes / PER_TIMEOUT))
+
+    def _versioned(self, r: Request) -> Request:
+        """``r`` with its version: a request of three carries the version ``url`` was last opened as."""
+        return r if len(r) == 4 else (*r, self._versions.get(r[0]))
+
     @contextlib.contextmanager
     def holding(self, requests: Sequence[Request]) -> Iterator[None]:
         """Fetch ``requests`` at once (neighbours joined, the rest concurrent) and serve reads inside
         them to this thread until the block ends, whatever the block cache keeps."""
         self._forked()
         cache = self.cache
+        requests = [self._versioned(r) for r in requests]
         segments = self._fetch_joined([r for r in requests if cache is None or cache.get(r) is None])
         stack = self._held.__dict__.setdefault("stack", [])
         stack.append(segments)
@@ -259,81 +236,91 @@ class Remote:
         finally:
             stack.pop()
 
-    def _from_held(self, url: str, a: int, b: int) -> bytes | None:
+    def _from_held(self, r: Request) -> bytes | None:
         for segments in reversed(getattr(self._held, "stack", ())):
-            found = segments.get(url)
+            found = segments.get((r[0], r[3]))
             if found:
                 starts, blobs = found
-                k = bisect.bisect_right(starts, a) - 1
-                if k >= 0 and starts[k] + len(blobs[k]) >= b:
-                    return blobs[k][a - starts[k] : b - starts[k]]
+                k = bisect.bisect_right(starts, r[1]) - 1
+                if k >= 0 and starts[k] + len(blobs[k]) >= r[2]:
+                    return blobs[k][r[1] - starts[k] : r[2] - starts[k]]
         return None
 
+    @staticmethod
+    def _slice(segments: dict, r: Request) -> bytes:
+        starts, blobs = segments[(r[0], r[3])]
+        s = bisect.bisect_right(starts, r[1]) - 1
+        return blobs[s][r[1] - starts[s] : r[2] - starts[s]]
+
     def read_ranges(self, requests: Sequence[Request], cache: bool = True) -> list[bytes]:
-        """The bytes of each ``(url, start, stop)``: held, cached, or fetched at once (``cache=False``:
-        a download that would only push the block cache's ranges out)."""
+        """The bytes of each ``(url, start, stop[, version])``: held, cached, or fetched at once
+        (``cache=False``: a download that would only push the block cache's ranges out)."""
         self._forked()
         out: list[bytes | None] = [None] * len(requests)
         missing = []
-        for k, (url, a, b) in enumerate(requests):
-            if a == b:  # an empty value (b"", an empty array): nothing to ask for
+        for k, r in enumerate(requests):
+            if r[1] == r[2]:  # an empty value (b"", an empty array): nothing to ask for
                 out[k] = b""
                 continue
-            got = self._from_held(url, a, b)
+            r = self._versioned(r)
+            got = self._from_held(r)
             if got is None and cache and self.cache is not None:
-                got = self.cache.get((url, a, b))
+                got = self.cache.get(r)
             if got is None:
-                missing.append(k)
+                missing.append((k, r))
             out[k] = got
         if missing:
-            segments = self._fetch_joined([requests[k] for k in missing], cache)
-            for k in missing:
-                url, a, b = requests[k]
-                starts, blobs = segments[url]
-                s = bisect.bisect_right(starts, a) - 1
-                out[k] = blobs[s][a - starts[s] : b - starts[s]]
+            segments = self._fetch_joined([r for _, r in missing], cache)
+            for k, r in missing:
+                out[k] = self._slice(segments, r)
         return out  # type: ignore[return-value]
 
-    def _fetch_joined(self, requests: Sequence[Request], cache: bool = True) -> dict[str, tuple[list[int], list[bytes]]]:
-        """Fetch ``requests`` as few joined requests, sent concurrently; per URL, the sorted starts
-        of the fetched segments and their bytes. Each asked range goes into the block cache."""
+    def _fetch_joined(self, requests: Sequence[Request], cache: bool = True, tries: Backoff | None = None) -> dict:
+        """Fetch ``requests`` (with their versions) as few joined requests, sent concurrently; per
+        (url, version), the sorted starts of the fetched segments and their bytes. Each asked range
+        goes into the block cache, keyed by its version."""
         joined: list[list[Any]] = []
         requests = [r for r in requests if r[2] > r[1]]
         if not requests:
             return {}
-        for url, a, b in sorted(set(requests)):
+        for url, a, b, v in sorted(set(requests), key=lambda r: r[:3]):  # (two versions of a url are never joined)
             last = joined[-1] if joined else None
-            if last is not None and last[0] == url and a <= last[2] + GAP and max(b, last[2]) - last[1] <= MAX_REQUEST:
+            if (last is not None and last[0] == url and last[3] == v and a <= last[2] + GAP
+                    and max(b, last[2]) - last[1] <= MAX_REQUEST):
                 last[2] = max(last[2], b)
             else:
-                joined.append([url, a, b])
-        blobs = self._get(joined)
-        segments: dict[str, tuple[list[int], list[bytes]]] = {}
-        for (url, a, _), blob in zip(joined, blobs):
-            starts, bs = segments.setdefault(url, ([], []))
+                joined.append([url, a, b, v])
+        blobs = self._get(joined, tries)
+        segments: dict[tuple, tuple[list[int], list[bytes]]] = {}
+        for (url, a, _, v), blob in zip(joined, blobs):
+            starts, bs = segments.setdefault((url, v), ([], []))
             starts.append(a)
             bs.append(blob)
         if cache and self.cache is not None:
-            for url, a, b in requests:
-                if b - a > self.cache.capacity // 4:
-                    continue
-                starts, bs = segments[url]
-                s = bisect.bisect_right(starts, a) - 1
-                self.cache.put((url, a, b), bs[s][a - starts[s] : b - starts[s]])
+            for r in requests:
+                if r[2] - r[1] <= self.cache.capacity // 4:
+                    self.cache.put(r, self._slice(segments, r))
         return segments
 
-    def _get(self, joined: list[list[Any]]) -> list[bytes]:
-        """The bytes of each ``[url, start, stop]``, retried with backoff within ``timeout``."""
+    def _get(self, joined: list[list[Any]], tries: Backoff | None = None) -> list[bytes]:
+        """The bytes of each ``[url, start, stop, version]``, retried with backoff until the read's
+        deadline (``tries``; else one of :meth:`budget` from now)."""
         out: list[bytes | None] = [None] * len(joined)
-        pending, tries, sent = list(range(len(joined))), Backoff(self.timeout), 0
+        if tries is None:
+            tries = Backoff(self.budget(len(joined), sum(b - a for _, a, b, _ in joined)))
+        pending, sent, protocol = list(range(len(joined))), 0, self.url.split("://", 1)[0].lower()
         errors: dict[int, BaseException] = {}
+        self._check_quiet(joined[0], tries)
         while pending:
             tries.tries += 1
             sent += len(pending)
-            results = self._cat_ranges([joined[k] for k in pending], max(tries.left(), 0.01))
+            try:
+                results = fetch_ranges(self.fs, protocol, [tuple(joined[k]) for k in pending], tries.left())
+            except Exception as e:  # the whole batch failed (a missing package, a closed loop): each range so
+                results = [e] * len(pending)
             still = []
             for k, r in zip(pending, results):
-                _, a, b = joined[k]
+                _, a, b, _ = joined[k]
                 if isinstance(r, bytes | bytearray) and len(r) == b - a:
                     out[k] = bytes(r)
                     continue
@@ -353,31 +340,22 @@ class Remote:
                 raise self._failed(joined[pending[0]], errors[pending[0]], tries)
         with self._lock:
             self.requests += sent
-            self.bytes_read += sum(b - a for _, a, b in joined)
+            self.bytes_read += sum(b - a for _, a, b, _ in joined)
         return out  # type: ignore[return-value]
 
-    def _cat_ranges(self, reqs: list[list[Any]], timeout: float) -> list[Any]:
-        fs = self.fs
-        urls, starts, stops = [r[0] for r in reqs], [r[1] for r in reqs], [r[2] for r in reqs]
-        try:  # each request is bounded by the socket timeouts set in connect.filesystem; this bounds the batch
-            if self.url.split("://", 1)[0].lower() in ("http", "https"):  # bodies read no further than asked
-                return http_ranges(fs, reqs, timeout + 4 * self.timeout)
-            if getattr(fs, "async_impl", False):
-                return fs.cat_ranges(urls, starts, stops, on_error="return", timeout=timeout + 4 * self.timeout)
-            return fs.cat_ranges(urls, starts, stops, on_error="return")
-        except Exception as e:  # the whole batch timed out or failed: each of its ranges failed so
-            return [e] * len(reqs)
+    def _call(self, left: float) -> dict:
+        """The keywords of one try of a call to an async file system: its share of the deadline."""
+        return {"timeout": max(left, 0.01)} if getattr(self.fs, "async_impl", False) else {}
 
-    def _call(self) -> dict:
-        return {"timeout": self.timeout} if getattr(self.fs, "async_impl", False) else {}
-
-    def _retry(self, fn: Any, url: str, rng: tuple[int, int] | None) -> Any:
-        tries = Backoff(self.timeout)
+    def _retry(self, fn: Any, url: str, rng: tuple[int, int] | None, tries: Backoff | None = None) -> Any:
+        """``fn(seconds left)``, retried with backoff until the deadline of ``tries`` (else ``timeout`` from now)."""
+        tries = tries or Backoff(self.timeout)
+        self._check_quiet([url, *(rng or (None, None))], tries)
         while True:
             tries.tries += 1
             failure = None
             try:
-                return fn()
+                return fn(tries.left())
             except Exception as e:  # raised below, outside this block: no __context__ keeps the library's
                 failure = _real(e)  # exception, whose text may hold the URL's secrets
             if isinstance(failure, FileNotFoundError):
@@ -385,11 +363,29 @@ class Remote:
             if not _retryable(failure) or not tries.again():
                 raise self._failed([url, *(rng or (None, None))], failure, tries)
 
+    def _check_quiet(self, req: list[Any], tries: Backoff) -> None:
+        """Fail at once while an earlier read of this location got no answer within its deadline,
+        less than ``timeout`` seconds ago: a stalled server costs a loop over many items one timeout."""
+        quiet, now = self._quiet, time.monotonic()
+        if quiet is not None and now < quiet[0] + self.timeout:
+            url, a, b = req[:3]
+            what = f"bytes {a}-{b - 1} of " if a is not None and b > a else ""
+            raise RemoteReadError(f"could not read {what}{redact(url)}: not tried: a read of {self.shown} got no answer "
+                                  f"within {quiet[1]:g} s, {now - quiet[0]:.1f} s ago; its reads are sent again "
+                                  f"{quiet[0] + self.timeout - now:.1f} s from now (timeout={self.timeout:g})", redact(url),
+                                  (a, b) if a is not None else None)
+
     def _failed(self, req: list[Any], e: BaseException, tries: Backoff) -> RemoteReadError:
-        url, a, b = req
+        url, a, b = req[:3]
         what = f"bytes {a}-{b - 1} of " if a is not None and b > a else ""
-        cause = "it is missing" if isinstance(e, FileNotFoundError) else _why(e, url, self.timeout)
+        if isinstance(e, Changed):
+            return RemoteReadError(f"could not read {what}{redact(url)}: it changed since it was opened ({_scrub(str(e), url)}); "
+                                   "no byte of the new version was used: load the store (or open the file) again to read "
+                                   "the new version", redact(url), (a, b) if a is not None else None)
+        cause = "it is missing" if isinstance(e, FileNotFoundError) else _why(e, url, tries.window)
         after = f" {tries.spent()}{'' if _timed_out(e) else f' (timeout={self.timeout:g})'}" if _retryable(e) else ""
+        if _timed_out(e):  # the server gave no answer in time: the next reads do not wait for it again at once
+            self._quiet = (time.monotonic(), tries.window)
         return RemoteReadError(f"could not read {what}{redact(url)}{after}: {cause}", redact(url),
                                (a, b) if a is not None else None)
 
@@ -397,12 +393,16 @@ class Remote:
 class RemoteFile:
     """One object of a :class:`Remote`, read like a read-only buffer: ``f[a:b]`` is its bytes
     ``a`` to ``b`` (checked against its length first), from the held ranges, the block cache or
-    one ranged GET."""
+    one ranged GET, always of the version it was opened as (``version``, a :class:`Version`)."""
 
-    __slots__ = ("remote", "url", "size", "etag")
+    __slots__ = ("remote", "url", "size", "etag", "version")
 
-    def __init__(self, remote: Remote, url: str, size: int, etag: str | None):
+    def __init__(self, remote: Remote, url: str, size: int, etag: str | None, version: Version | None = None):
         self.remote, self.url, self.size, self.etag = remote, url, size, etag
+        if version is None:  # what the remote's last info() of url found, if it is this object; else its size and ETag
+            pinned = remote._versions.get(url)
+            version = pinned if pinned is not None and pinned[:2] == (size, etag) else Version(size, etag)
+        self.version = version
 
     def __len__(self) -> int:
         return self.size
@@ -413,11 +413,11 @@ class RemoteFile:
         return self.read(s.start or 0, self.size if s.stop is None else s.stop)
 
     def request(self, a: int, b: int) -> Request:
-        """The request for bytes ``a`` to ``b``, refused unless they lie inside the object."""
+        """The request for bytes ``a`` to ``b`` of this version, refused unless they lie inside the object."""
         if not 0 <= a <= b <= self.size:
             raise RemoteReadError(f"bytes {a}-{b - 1} lie outside {redact(self.url)} ({self.size} bytes)",
                                   redact(self.url), (a, b))
-        return (self.url, a, b)
+        return (self.url, a, b, self.version)
 
     def read(self, a: int, b: int) -> bytes:
         return self.remote.read_ranges([self.request(a, b)])[0] if b > a else b""
