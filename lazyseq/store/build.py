@@ -7,6 +7,12 @@ it is the kind the manifest declares (a dict, list or tuple subclass; a namedtup
 fields), and a defaultdict's factory only if it is a plain built-in type. Nothing is imported and
 no attribute's code runs while looking (``inspect.getattr_static``). Anything else comes back as
 its base type (a namedtuple made again from its name and fields), with one warning per store.
+
+A class is made as its base type is: a dict subclass from a plain dict of its items (``cls(d)``:
+``Counter(pairs)`` would count the pairs), a defaultdict from its factory and pairs, a list or
+tuple subclass from its items, a namedtuple from its fields. Its constructor is the user's code:
+whatever it raises becomes a StoreError naming the class, its place in the item and the store.
+Manifest text in messages and warnings goes through :func:`.format.shown`.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 
 from ..errors import StoreError
 from ..helpers import warn as warn_user
+from .format import path_str, shown, type_name
 
 __all__ = ["builder"]
 
@@ -99,31 +106,82 @@ def _values(subs: list[Build], leaves: list[int | None]) -> Build:
     return lambda v: tuple([f(v) for f in subs])
 
 
-def _node(node: dict, classes: _Classes) -> Build:
+def _node(node: dict, classes: _Classes, path: tuple) -> Build:
+    """The function that builds the value of ``node`` (at ``path`` in the item) from the leaf values."""
     if "leaf" in node:
         return itemgetter(node["leaf"])
-    subs = [_node(n, classes) for n in node["items"]]
+    if "fields" in node:  # a namedtuple: its items are at .name
+        subs = [_node(n, classes, (*path, "." + str(f))) for n, f in zip(node["items"], node["fields"])]
+    else:
+        subs = [_node(n, classes, (*path, k)) for k, n in zip(node.get("keys", range(len(node["items"]))), node["items"])]
     get = _values(subs, [n.get("leaf") for n in node["items"]])
     if "dict" in node:
-        keys = tuple(node["keys"])
-        cls = classes.resolve(node["dict"], dict)
-        if cls is dict:
-            return lambda v: dict(zip(keys, get(v)))
-        if issubclass(cls, collections.defaultdict):
-            factory = classes.factory(node.get("factory"))
-            if factory is False:
-                return lambda v: dict(zip(keys, get(v)))
-            return lambda v: cls(factory, zip(keys, get(v)))
-        return lambda v: cls(zip(keys, get(v)))
+        return _dict(node, get, classes, path)
     if "list" in node:
         cls = classes.resolve(node["list"], list)
-        return (lambda v: list(get(v))) if cls is list else (lambda v: cls(get(v)))
+        return (lambda v: list(get(v))) if cls is list else _made(cls, get, "one", classes, path)
     cls = classes.resolve(node["tuple"], tuple, node.get("fields"))
     if cls is tuple:
         return get
-    if "fields" in node:
-        return lambda v: cls(*get(v))
-    return lambda v: cls(get(v))
+    return _made(cls, get, "star" if "fields" in node else "one", classes, path)
+
+
+_PAIRS = (dict.__init__, collections.OrderedDict.__init__)  # __init__s that take (key, value) pairs as a dict does
+
+
+def _dict(node: dict, get: Build, classes: _Classes, path: tuple) -> Build:
+    """A dict node's function: a dict subclass is made as its class is made from a dict (``cls(d)``,
+    as ``Counter``, ``OrderedDict`` and most subclasses are; ``Counter(pairs)`` would count the
+    pairs), a defaultdict with its factory; an ``__init__`` that takes pairs gets them, no copy."""
+    keys = tuple(node["keys"])
+    cls = classes.resolve(node["dict"], dict)
+    if cls is not dict and issubclass(cls, collections.defaultdict):
+        factory = classes.factory(node.get("factory"))
+        if factory is not False:
+            return _made(cls, lambda v: zip(keys, get(v)), "factory", classes, path, factory)
+        cls = dict
+    if cls is dict:
+        return lambda v: dict(zip(keys, get(v)))
+    if cls.__init__ in _PAIRS:
+        return _made(cls, lambda v: zip(keys, get(v)), "one", classes, path)
+    return _made(cls, lambda v: dict(zip(keys, get(v))), "one", classes, path)
+
+
+def _made(cls: type, get: Build, how: str, classes: _Classes, path: tuple, factory: Any = None) -> Build:
+    """The function making a container of class ``cls`` (a user's class, whose constructor may
+    raise) from ``get(v)``: ``cls(x)``, ``cls(*x)`` (``how="star"``) or ``cls(factory, x)``; a
+    failure is a StoreError naming the class, where it is in the item, and the store."""
+    def failed(e: Exception) -> StoreError:
+        return StoreError(f"{classes.file}: the {shown(type_name(cls))} at {shown(path_str(path))} of the item cannot be "
+                          f"made from its saved values: {type(e).__name__}: {shown(e, 200)}; a class of a store is made as "
+                          "its base type is (a dict subclass from a dict, a list subclass from a list, a namedtuple from "
+                          "its fields)")
+
+    if how == "star":
+        def build(v: Any) -> Any:
+            try:
+                return cls(*get(v))
+            except StoreError:  # an inner container's
+                raise
+            except Exception as e:  # the class's own code: any exception
+                raise failed(e) from None
+    elif how == "factory":
+        def build(v: Any) -> Any:
+            try:
+                return cls(factory, get(v))
+            except StoreError:
+                raise
+            except Exception as e:
+                raise failed(e) from None
+    else:
+        def build(v: Any) -> Any:
+            try:
+                return cls(get(v))
+            except StoreError:
+                raise
+            except Exception as e:
+                raise failed(e) from None
+    return build
 
 
 def builder(structure: dict, *, allow_import: bool, file: str, warn: bool = True) -> Build:
@@ -131,11 +189,11 @@ def builder(structure: dict, *, allow_import: bool, file: str, warn: bool = True
     structure was checked (:mod:`.checks`) before it comes here."""
     classes = _Classes(allow_import, file)
     try:
-        build = _node(structure, classes)
+        build = _node(structure, classes, ())
     except (ValueError, TypeError) as e:  # namedtuple field names that Python refuses
-        raise StoreError(f"{file} is corrupted: its structure cannot be rebuilt: {e}") from None
+        raise StoreError(f"{file} is corrupted: its structure cannot be rebuilt: {shown(e, 200)}") from None
     if classes.refused and warn:
-        names = ", ".join(dict.fromkeys(classes.refused))
+        names = shown(", ".join(dict.fromkeys(classes.refused)), 300)
         warn_user(f"lazyseq.load: {file} names {names}, which {'is' if len(classes.refused) == 1 else 'are'} not imported "
              "or not the kind the manifest declares: those items come back as plain dicts, lists or tuples. Import "
              "the module before load, or pass allow_pickle=True for a store you trust (it imports what the store names)")

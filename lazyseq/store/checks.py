@@ -23,7 +23,8 @@ __all__ = ["manifest", "KINDS"]
 
 KINDS = frozenset({"array", "scalar", "none", *fmt.PYTHON, *fmt.BYTES_LIKE})
 MAX_DEPTH = 64  # containers inside containers in one item
-MAX_NDIM = 64  # numpy's own limit
+MAX_NDIM = fmt.MAX_NDIM  # numpy's limit, less the items' dimension of a fixed field's table
+MAX_EMPTY_ITEMS = 2**24  # a store's length is at most its shards' bytes, or this many items that hold no data
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")  # a plain file name: no separator, no '..', not hidden
 
 
@@ -31,9 +32,7 @@ class _Bad(Exception):
     """What is wrong with the manifest (becomes a StoreError naming the file)."""
 
 
-def _short(x: Any) -> str:
-    r = repr(x)
-    return r if len(r) <= 60 else r[:57] + "..."
+_short, _shown = fmt.short, fmt.shown  # every manifest value in a message: bounded, control characters escaped
 
 
 def _int(x: Any, what: str, lo: int = 0, hi: int = 2**62) -> int:
@@ -61,7 +60,9 @@ def dtype(d: Any, what: str) -> np.dtype:
     except (Exception, RecursionError) as e:
         raise _Bad(f"{what}: {_short(d)} is not a numpy dtype ({type(e).__name__})") from None
     if dt.hasobject:
-        raise _Bad(f"{what} has dtype {dt}, which holds Python objects: a store holds plain data only")
+        raise _Bad(f"{what} has dtype {_shown(dt)}, which holds Python objects: a store holds plain data only")
+    if not dt.itemsize:
+        raise _Bad(f"{what} has dtype {_shown(dt)}, of 0 bytes: a store's values take at least one byte")
     return dt
 
 
@@ -84,11 +85,16 @@ def manifest(m: dict, file: str, allow_pickle: bool) -> list[np.dtype | None]:
         names: set[str] = set()
         for k, rec in enumerate(shards):
             _shard(_dict(rec, f"shard {k}"), k, n, per, fields, dtypes, names)
+        total = sum(rec["bytes"] for rec in shards)
+        if n > max(total, MAX_EMPTY_ITEMS):  # what len(store) sizes (a loader's order, .sizes) is vouched for by the files
+            raise _Bad(f"it lists {n} items, and its shard files hold {total} bytes: an item takes at least a byte in "
+                       f"its shard, unless it holds no data (None, empty arrays), and a store holds at most "
+                       f"{MAX_EMPTY_ITEMS} of those")
     except _Bad as e:
         raise StoreError(f"{file} is corrupted: {e}") from None
     pickled = [f["path"] for f in fields if f["kind"] == "pickle"]
     if pickled and not allow_pickle:
-        raise StoreError(f"{file}: the field{'s' * (len(pickled) > 1)} {', '.join(pickled)} of this store "
+        raise StoreError(f"{file}: the field{'s' * (len(pickled) > 1)} {_shown(', '.join(pickled), 300)} of this store "
                          f"{'are' if len(pickled) > 1 else 'is'} pickled, and unpickling runs code the store chooses; "
                          "pass allow_pickle=True to lazyseq.load, only for stores you trust")
     return dtypes
@@ -99,12 +105,19 @@ def _field(f: Any, k: int) -> np.dtype | None:
     kind, path = f.get("kind"), f.get("path")
     if type(path) is not str or type(kind) is not str or kind not in KINDS:
         raise _Bad(f"field {k} has path {_short(path)} and kind {_short(kind)}; kinds are {', '.join(sorted(KINDS))}")
+    path = _shown(path)
     shape = f.get("shape")
     if shape is not None:
         for d in _list(shape, f"field {path}'s shape"):
             _int(d, f"a dimension of field {path}'s shape")
     if kind == "array":
-        _int(f.get("ndim"), f"field {path}'s ndim", 0, MAX_NDIM)
+        ndim = f.get("ndim")
+        if type(ndim) is int and MAX_NDIM < ndim <= MAX_NDIM + 1:
+            raise _Bad(f"field {path} has {ndim} dimensions: a store's arrays have at most {MAX_NDIM} (numpy's limit is "
+                       f"{MAX_NDIM + 1}, and a field's table adds one for the items)")
+        _int(ndim, f"field {path}'s ndim", 0, MAX_NDIM)
+        if shape is not None and len(shape) != ndim:
+            raise _Bad(f"field {path}'s shape {_short(shape)} has not {ndim} dimensions")
     if kind in ("array", "scalar"):
         return dtype(f.get("dtype"), f"field {path}")
     return fmt.PYTHON.get(kind)
@@ -168,8 +181,8 @@ def _shard(rec: dict, k: int, n: int, per: int, fields: list, dtypes: list, name
         raise _Bad(f"shard {k} lays out {len(layouts)} fields; the store has {len(fields)}")
     parts: list[tuple[int, int, str]] = []
     for f, lay, dt in zip(fields, layouts, dtypes):
-        parts += _layout(f, _dict(lay, f"shard {k}'s layout of field {f['path']}"), dt, stop - start, size,
-                         f"shard {k}, field {f['path']}")
+        where = f"shard {k}, field {_shown(f['path'])}"
+        parts += _layout(f, _dict(lay, f"{where}: its layout"), dt, stop - start, size, where)
     parts.sort()
     for (a, na, wa), (b, nb, wb) in itertools.pairwise(parts):
         if a + na > b and na and nb:
@@ -207,4 +220,15 @@ def _layout(f: dict, lay: dict, dt: np.dtype | None, m: int, size: int, what: st
     count = m * math.prod(shape)
     if count >= 2**62:
         raise _Bad(f"{what}: {m} items of shape {tuple(shape)} are more elements than an array holds")
+    item_bytes(shape, dt.itemsize, m, what)
     return [part("data", count * dt.itemsize)]
+
+
+def item_bytes(shape: list, itemsize: int, m: int, what: str) -> None:
+    """An item of ``shape`` (and ``m`` of them) is no larger than numpy makes, counting a 0 in the
+    shape as 1 as numpy does before it makes an empty array ("array is too big"): a 0 beside huge
+    dimensions holds no bytes, so no file size vouches for them."""
+    one = itemsize * math.prod(d or 1 for d in shape)
+    if one > fmt.ITEM_BYTES or m * one >= 2**62:
+        raise _Bad(f"{what}: its shape {_short(tuple(shape))} is too large for an array (counting a 0 dimension as 1, "
+                   f"more than {fmt.ITEM_BYTES} bytes an item, or 2**62 in all)")

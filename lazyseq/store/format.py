@@ -19,6 +19,8 @@ import collections
 import json
 import os
 import pickle
+import re
+import reprlib
 from typing import Any
 
 import numpy as np
@@ -35,6 +37,20 @@ MANIFEST_BYTES = 256 * 2**20  # no store's manifest is larger: a larger file or 
 # Fields: the kind of leaf, and for arrays and numpy scalars their dtype (and ndim).
 PYTHON = {"bool": np.dtype(bool), "int": np.dtype("<i8"), "float": np.dtype("<f8"), "complex": np.dtype("<c16")}
 BYTES_LIKE = ("str", "bytes", "bytearray", "np.str_", "np.bytes_", "pickle")
+ITEM_BYTES = 2**40  # an item's size, counting a 0 in its shape as 1, is at most this: numpy's own limit, with room for a batch
+
+
+def _numpy_ndim() -> int:
+    """numpy's limit on an array's dimensions (32 before numpy 2, 64 since)."""
+    try:
+        np.empty((1,) * 64)
+        return 64
+    except ValueError:
+        return 32
+
+
+# an array field has at most this many dimensions: a fixed field's table has one more (the items)
+MAX_NDIM = _numpy_ndim() - 1
 _LEAF_TYPES = {bool: "bool", int: "int", float: "float", complex: "complex", str: "str", bytes: "bytes",
                bytearray: "bytearray", np.str_: "np.str_", np.bytes_: "np.bytes_", type(None): "none"}
 
@@ -71,6 +87,33 @@ def _descr(d: Any) -> Any:  # JSON turned numpy's tuples into lists: turn them b
     return fields
 
 
+# -- text from a file, in messages ------------------------------------------------------------------
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")  # a quick test: anything but printable ASCII is looked at
+
+
+def shown(text: Any, limit: int = 120) -> str:
+    """``text`` (a str from a file: a field's path, a class name; anything else as its ``str``) as
+    a message shows it: at most ``limit`` characters, control and other unprintable characters
+    (terminal escapes, bidirectional overrides, line breaks) escaped as ``repr`` escapes them. Every
+    value of a store's manifest that enters a message, repr or warning passes through here."""
+    text = text if type(text) is str else str(text)
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    if _UNPRINTABLE.search(text) is None or text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def short(x: Any, limit: int = 60) -> str:
+    """A value from a file (any JSON value) as a message shows it: its ``repr``, bounded however
+    large or deep the value (:mod:`reprlib`), cut and escaped as :func:`shown` does."""
+    return shown(_REPR.repr(x), limit)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 4, 80, 80, 40
+
+
 # -- the schema of one item ------------------------------------------------------------------------
 def path_str(path: tuple) -> str:
     """A field's place in the item, as Python would index it: ``['image'][0]``, ``.label``."""
@@ -87,11 +130,16 @@ def leaf_spec(x: Any, allow_pickle: bool) -> dict:
     if t is np.ndarray or t is np.memmap:
         if x.dtype.hasobject:
             return _pickled(x, allow_pickle, f"an array of dtype {x.dtype} (it holds Python objects)")
+        if not x.dtype.itemsize:  # np.zeros(3, "V0"): numpy reads no value of 0 bytes from a buffer
+            return _pickled(x, allow_pickle, f"an array of dtype {x.dtype} (values of 0 bytes)")
+        if x.ndim > MAX_NDIM:  # a fixed field's table adds the items' dimension: numpy could not read it back
+            raise SchemaError(f"cannot store an array of {x.ndim} dimensions: a store holds arrays of at most {MAX_NDIM} "
+                              f"(numpy's limit is {MAX_NDIM + 1}, and a field's table adds one for the items)")
         return {"kind": "array", "dtype": dtype_to_json(x.dtype), "ndim": x.ndim}
     kind = _LEAF_TYPES.get(t)
     if kind is not None:
         return {"kind": kind}
-    if isinstance(x, np.generic) and not x.dtype.hasobject:
+    if isinstance(x, np.generic) and not x.dtype.hasobject and x.dtype.itemsize:  # 0 bytes: as an object
         return {"kind": "scalar", "dtype": dtype_to_json(x.dtype)}
     return _pickled(x, allow_pickle, f"a {t.__module__}.{t.__qualname__}")
 

@@ -145,6 +145,6 @@ def _columns(store: Any, k: np.ndarray, j: np.ndarray, spans: Any, n: int, colum
             if col is None:
                 col = _picked(groups, f, n)
                 if columns:
-                    col = _stacked(col, f"field {store.fields[f]['path']}")
+                    col = _stacked(col, f"field {fmt.shown(store.fields[f]['path'])}")
             cols[f] = col
     return cols

@@ -290,7 +290,8 @@ class Store(View):
             shape = "variable" if f.get("shape") is None else str(tuple(f["shape"]))
             if f["kind"] in ("none", "scalar", *fmt.PYTHON):
                 shape = ""
-            lines.append(f"{'└─' if k == len(self.fields) - 1 else '├─'} {f['path']}  {what}  {shape}".rstrip())
+            lines.append(f"{'└─' if k == len(self.fields) - 1 else '├─'} {fmt.shown(f['path'])}  {fmt.shown(what)}  "
+                         f"{fmt.shown(shape, 400)}".rstrip())
         return "\n".join(lines)
 
 

@@ -51,15 +51,26 @@ def _bytes_like(kind: str, mm: Any, offs: np.ndarray, base: int, where: str) -> 
     return one, pick, None
 
 
-def _var_array(dt: np.dtype, mm: Any, base: int, offs: np.ndarray, shapes: np.ndarray) -> _Reader:
+def _var_array(dt: np.dtype, mm: Any, base: int, offs: np.ndarray, shapes: np.ndarray, where: str) -> _Reader:
     def one(j: int) -> np.ndarray:
-        return np.ndarray(shapes[j].tolist(), dt, buffer=mm, offset=base + int(offs[j]))
+        try:
+            return np.ndarray(shapes[j].tolist(), dt, buffer=mm, offset=base + int(offs[j]))
+        except (ValueError, TypeError) as e:  # numpy's bounds checks: the tables changed in the file after the checks
+            raise _changed(where, e) from None
 
     def pick(js: np.ndarray) -> list:
         o, s = (offs[js] + base).tolist(), shapes[js].tolist()
-        return [np.ndarray(sh, dt, buffer=mm, offset=x) for x, sh in zip(o, s)]
+        try:
+            return [np.ndarray(sh, dt, buffer=mm, offset=x) for x, sh in zip(o, s)]
+        except (ValueError, TypeError) as e:
+            raise _changed(where, e) from None
 
     return one, pick, None
+
+
+def _changed(where: str, e: Exception) -> StoreError:
+    return StoreError(f"{where}: an item's offset or shape points outside the file ({fmt.shown(e, 100)}): the shard "
+                      "file was changed after it was opened and checked; a store's files must not change while it is read")
 
 
 def _fixed(kind: str, arr: np.ndarray) -> _Reader:
@@ -97,29 +108,22 @@ class Shard:
         return np.frombuffer(self.mm.read(part[0], part[0] + nbytes), dtype).reshape(shape)
 
     def _reader(self, path: str, field: dict, lay: dict, dt: np.dtype | None, m: int) -> _Reader:
-        kind, mm, what = field["kind"], self.mm, f"{path}, field {field['path']}"
+        kind, mm, what = field["kind"], self.mm, f"{path}, field {fmt.shown(field['path'])}"
         if kind == "none":
             self.reqs.append(lambda js: [])
             return (lambda j: None), lambda js: [None] * len(js), None
         if kind in fmt.BYTES_LIKE or ("shape" not in lay and kind == "array"):
             offs = self.table(lay["offsets"], "<i8", (m + 1,))
             base, nbytes = lay["data"]
-            # each item's bytes lie in the data part, after the previous item's: never another's bytes
-            bad = m and (offs[0] < 0 or offs[m] > nbytes or (np.diff(offs) < 0).any())
-            if kind == "array" and not bad:
-                shapes = self.table(lay["shapes"], "<i8", (m, field["ndim"]))
-                sizes = np.prod(shapes.astype(np.float64), axis=1) * dt.itemsize  # no int64 overflow
-                bad = m and ((shapes < 0).any() or (offs[:m] + sizes > offs[1:]).any())
-                if not bad:
-                    if self.remote:
-                        r = var_array(dt, mm, base, offs, shapes)
-                        nb = sizes.astype(np.int64)
-                        self.reqs.append(lambda js: byte_requests(mm, base, offs[js], offs[js] + nb[js]))
-                        return r
-                    return _var_array(dt, mm, base, offs, shapes)
-            if bad:
-                raise StoreError(f"{path} is corrupted: the offsets{' or shapes' * (kind == 'array')} of field "
-                                 f"{field['path']} point outside its data or make items overlap")
+            shapes = self.table(lay["shapes"], "<i8", (m, field["ndim"])) if kind == "array" else None
+            sizes = _check_var(offs, shapes, nbytes, dt, m, path, field)
+            if kind == "array":
+                if self.remote:
+                    r = var_array(dt, mm, base, offs, shapes)
+                    nb = sizes.astype(np.int64)
+                    self.reqs.append(lambda js: byte_requests(mm, base, offs[js], offs[js] + nb[js]))
+                    return r
+                return _var_array(dt, mm, base, offs, shapes, what)
             if self.remote:
                 self.reqs.append(lambda js: byte_requests(mm, base, offs[js], offs[js + 1]))
             return _bytes_like(kind, mm, offs, base, what)
@@ -128,6 +132,28 @@ class Shard:
         if self.remote:
             self.reqs.append(table.requests)
         return _fixed(kind, table)
+
+
+def _check_var(offs: np.ndarray, shapes: np.ndarray | None, nbytes: int, dt: np.dtype | None, m: int, path: str,
+               field: dict) -> np.ndarray | None:
+    """Check a variable field's tables, read from the shard: each item's bytes lie in the field's
+    data part, after the previous item's (never another's bytes), and (arrays) each shape is one
+    numpy makes, counting a 0 as 1 as numpy does (:data:`.format.ITEM_BYTES`). The items' sizes
+    in bytes (arrays; as float64: no int64 overflow), or None."""
+    if not m:
+        return np.zeros(0) if shapes is not None else None
+    bad = offs[0] < 0 or offs[m] > nbytes or (np.diff(offs) < 0).any()
+    sizes = None
+    if shapes is not None and not bad:
+        sizes = np.prod(shapes.astype(np.float64), axis=1) * dt.itemsize
+        bad = (shapes < 0).any() or (offs[:m] + sizes > offs[1:]).any()
+        if not bad and (np.prod(np.maximum(shapes, 1).astype(np.float64), axis=1) * dt.itemsize > fmt.ITEM_BYTES).any():
+            raise StoreError(f"{path} is corrupted: a shape in the shape table of field {fmt.shown(field['path'])} is too "
+                             f"large for an array (counting a 0 dimension as 1, more than {fmt.ITEM_BYTES} bytes)")
+    if bad:
+        raise StoreError(f"{path} is corrupted: the offsets{' or shapes' * (shapes is not None)} of field "
+                         f"{fmt.shown(field['path'])} point outside its data or make items overlap")
+    return sizes
 
 
 def open_local(path: str, rec: dict, what: str, root: str | None = None) -> Any:

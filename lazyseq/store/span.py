@@ -82,8 +82,9 @@ class Spans:
                 if t is not None:
                     tables[f][k] = t
         self.whole = bool(self.covered.all())  # every shard: no need to look up which
+        covered = int(self.covered.sum())  # a field fixed in some shards, variable in others: no span
         self.fields: list[_FieldSpan | None] = [
-            _FieldSpan(ts, nshards) if ts and _alike(ts) else None for ts in tables]
+            _FieldSpan(ts, nshards) if ts and len(ts) == covered and _alike(ts) else None for ts in tables]
 
     def read(self, f: int, k: np.ndarray, j: np.ndarray, columns: bool) -> np.ndarray | None:
         """Field ``f``'s rows ``j`` of shards ``k`` (all covered), or None if it has no span."""
