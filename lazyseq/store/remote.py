@@ -36,8 +36,8 @@ class RemoteTable:
         self.rowbytes = self.dtype.itemsize * math.prod(shape[1:])
 
     def requests(self, js: np.ndarray) -> list:
-        url, a, rb = self.file.url, self.offset, self.rowbytes
-        return [(url, a + j * rb, a + (j + 1) * rb) for j in js.tolist()] if rb else []
+        url, a, rb, v = self.file.url, self.offset, self.rowbytes, self.file.version  # the version the shard opened as
+        return [(url, a + j * rb, a + (j + 1) * rb, v) for j in js.tolist()] if rb else []
 
     def _rows(self, a: int, b: int) -> np.ndarray:
         blob = self.file.read(self.offset + a * self.rowbytes, self.offset + b * self.rowbytes)
