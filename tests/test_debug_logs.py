@@ -164,3 +164,13 @@ def test_any_loggers_records_are_scrubbed_where_they_are_made():
     failed = keep.records[-1]
     assert failed.exc_info is None and "ConnectionError" in failed.exc_text and _absent(sig, failed.exc_text)
     assert secret_free(out)
+
+
+def test_a_record_whose_arguments_do_not_format_is_scrubbed_too():
+    from lazyseq.files.connect import filesystem, scrub_record
+
+    filesystem("memory://x", {}, 5.0)
+    record = logging.getLogger("urllib3.connectionpool.lazyseq-test").makeRecord(
+        "urllib3.connectionpool", logging.DEBUG, __file__, 1, "%s %s %d", (f"Authorization: Bearer {TOKEN}",), None)
+    scrub_record(record)
+    assert record.args == () and _absent(TOKEN[:20], record.getMessage()) and "Authorization: ***" in record.getMessage()

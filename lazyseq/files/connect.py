@@ -53,11 +53,11 @@ def scrub(text: str) -> str:
 def scrub_record(record: logging.LogRecord) -> logging.LogRecord:
     """``record`` with its message, traceback and stack scrubbed (:func:`scrub`), in place."""
     try:
-        text = record.getMessage()
+        text, broken = record.getMessage(), False
     except Exception:  # msg and args that do not format: logging would print both on stderr
-        text = f"{record.msg} {record.args!r}"
+        text, broken = f"{record.msg} {record.args!r}", True
     clean = scrub(text)
-    if clean != text:
+    if clean != text or broken:
         record.msg, record.args = clean, ()
     if record.exc_info and record.exc_info[0] is not None:
         shown = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
