@@ -253,3 +253,27 @@ def test_s3_storage_options_through_fsspec(s3):
     assert fs.ls(s3.bucket, detail=False) == [f"{s3.bucket}/k"]
     with fsspec.open(f"s3://{s3.bucket}/k", "rb", **s3.storage_options) as f:
         assert f.read() == b"hello"
+
+
+def test_anything_but_a_regular_file_gets_403_without_waiting(served, tmp_path):
+    """A FIFO in the root (or a link to one) is not opened for a read that waits for a writer (issue #31):
+    403 at once, and the server goes on serving."""
+    os.mkfifo(served.root / "fifo")
+    os.symlink(served.root / "fifo", served.root / "to-fifo")
+    out: dict = {}
+
+    def ask():
+        out["statuses"] = [_get(served, p, method=m, timeout=5)[0] for p in ("/fifo", "/to-fifo") for m in ("GET", "HEAD")]
+
+    t = threading.Thread(target=ask, daemon=True)
+    t.start()
+    t.join(20)
+    if t.is_alive():  # a server thread waits in open(): give it a writer, so that the test leaves none behind
+        for _ in range(2):
+            try:
+                os.close(os.open(served.root / "fifo", os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+        t.join(10)
+    assert out.get("statuses") == [403, 403, 403, 403]
+    assert _get(served, "/a.bin")[2] == DATA

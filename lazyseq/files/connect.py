@@ -13,10 +13,13 @@ import asyncio
 import concurrent.futures
 import logging
 import re
+import threading
 import time
+import traceback
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from .urls import ANY_URL, redact
+from .urls import redact, redact_text
 
 __all__ = ["filesystem", "fetch_ranges", "pool_size", "Backoff", "Version", "RedirectRefused", "WrongLength", "WrongRange",
            "Changed", "OutOfTime"]
@@ -53,37 +56,102 @@ class Version(NamedTuple):
     version_id: str | None = None
 
 
+# -- no secret in a log record ------------------------------------------------------------------------
+# A filter on a logger sees only the records logged at that very logger, not its children's
+# (botocore.auth, botocore.endpoint, urllib3.connectionpool ...), and a handler's filter only the
+# handlers it was put on. So every record is scrubbed where it is made: a log record factory that
+# wraps the one in place (logging.setLogRecordFactory), whatever logger, handler or propagation
+# follows. It rewrites the message (msg and args), a traceback (exc_info: formatted, redacted, kept
+# as exc_text and dropped, so no handler formats the secret again) and stack_info. Each call of
+# `filesystem` checks that it is still in place (code that sets its own factory later replaces it).
+_LOCK = threading.Lock()
+_VALUES: set[str] = set()  # secrets given in storage_options, hidden wherever they appear
+_VALUES_RE: list[Any] = [None]
+_SECRET_OPTION = re.compile(r"(?i)key|secret|token|password|passwd|credential|authori[sz]ation|signature|sas|cookie")
+_LIBRARIES = ("fsspec", "s3fs", "gcsfs", "adlfs", "aiobotocore", "botocore", "boto3", "aiohttp", "urllib3", "asyncio")
+
+
+def scrub(text: str) -> str:
+    """``text`` without a secret: :func:`.urls.redact_text`, and the secret values of the
+    storage_options lazyseq was given."""
+    text = redact_text(text)
+    values = _VALUES_RE[0]
+    return values.sub("***", text) if values is not None else text
+
+
+def scrub_record(record: logging.LogRecord) -> logging.LogRecord:
+    """``record`` with its message, traceback and stack scrubbed (:func:`scrub`), in place."""
+    try:
+        text, broken = record.getMessage(), False
+    except Exception:  # msg and args that do not format: logging would print both on stderr
+        text, broken = f"{record.msg} {record.args!r}", True
+    clean = scrub(text)
+    if clean != text or broken:
+        record.msg, record.args = clean, ()
+    if record.exc_info and record.exc_info[0] is not None:
+        shown = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
+        clean = scrub(shown)
+        if clean != shown:
+            record.exc_info, record.exc_text = None, clean
+    elif record.exc_text:
+        record.exc_text = scrub(record.exc_text)
+    if record.stack_info:
+        record.stack_info = scrub(record.stack_info)
+    return record
+
+
 class _RedactURLs(logging.Filter):
-    """fsspec and s3fs log URLs at DEBUG level: their user info and query strings go."""
+    """The same scrubbing as a filter, on the libraries' own loggers: a second guard, should other
+    code replace the record factory."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        clean = ANY_URL.sub(lambda m: redact(m.group(0)), text)
-        if clean != text:
-            record.msg, record.args = clean, ()
+        scrub_record(record)
         return True
 
 
 _REDACTING = _RedactURLs()
 
 
-def _redact_logs() -> None:
-    for name in ("fsspec", "fsspec.http", "fsspec.asyn", "s3fs", "gcsfs", "adlfs", "aiobotocore", "botocore"):
-        logger = logging.getLogger(name)
-        if _REDACTING not in logger.filters:
-            logger.addFilter(_REDACTING)
+def _secret_values(options: Any, name: str = "") -> Iterator[str]:
+    """The string values of ``options`` (nested dicts) under a name that says they are secret."""
+    if isinstance(options, dict):
+        for k, v in options.items():
+            yield from _secret_values(v, f"{name}.{k}")
+    elif isinstance(options, str) and len(options) >= 6 and _SECRET_OPTION.search(name):
+        yield options
+
+
+def _redact_logs(options: dict | None = None) -> None:
+    """Install the scrubbing (the record factory, the filters) if not in place; remember the secret
+    values of ``options``."""
+    with _LOCK:
+        new = set(_secret_values(options or {})) - _VALUES
+        if new:
+            _VALUES.update(new)
+            _VALUES_RE[0] = re.compile("|".join(map(re.escape, sorted(_VALUES, key=len, reverse=True))))
+        made = logging.getLogRecordFactory()
+        if not getattr(made, "lazyseq_scrubs", False):
+            def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+                return scrub_record(made(*args, **kwargs))
+
+            factory.lazyseq_scrubs = True  # type: ignore[attr-defined]
+            logging.setLogRecordFactory(factory)
+        for lib in _LIBRARIES:
+            logger = logging.getLogger(lib)
+            if _REDACTING not in logger.filters:
+                logger.addFilter(_REDACTING)
 
 
 def filesystem(url: str, options: dict, timeout: float) -> Any:
     """The fsspec file system of ``url``, made anew (no instance shared with other code), with
     lazyseq's policies: socket timeouts of ``timeout`` (a stalled request fails and is retried),
-    redirects to another host refused, URLs redacted in the libraries' log lines."""
+    redirects to another host refused, no secret in a log record (:func:`scrub_record`)."""
     try:
         import fsspec
     except ImportError:
         raise ImportError(f"reading {redact(url)} needs fsspec (and the package of its protocol, e.g. s3fs): "
                           "pip install 'lazyseq[remote]'") from None
-    _redact_logs()
+    _redact_logs(options)
     protocol = url.split("://", 1)[0].lower()
     options = dict(options)
     if protocol in ("http", "https"):  # a stalled request fails after `timeout` without data; then it is retried

@@ -131,17 +131,16 @@ def open_file(path: str | os.PathLike, remote: Remote | None = None, **settings:
     else one made with ``settings``: ``storage_options``, ``block_cache``, ``cache_dir``,
     ``cache_dir_bytes``, ``timeout``) as an ``io.BufferedReader``: seekable, ``name`` the URL
     without its secrets, no ``fileno()``. With ``cache_dir``, the object is downloaded whole into
-    it (:class:`DiskCache`, keyed by URL and ETag) and that local copy is opened."""
+    it (:class:`DiskCache`, keyed by URL and ETag, verified before use) and that local copy is opened."""
     if not is_url(path):
         return open(local_path(path), "rb")
     if remote is None:
         remote = Remote(path, **settings)
     f = remote.open(path)
     if remote.cache_dir is not None:
-        local = DiskCache(remote.cache_dir, remote.cache_dir_bytes, remote).local(path, f.size, f.etag)
-        if local is not None:
-            try:
-                return open(local, "rb")
-            except FileNotFoundError:  # another process's cache_dir_bytes evicted it just now: read by ranges
-                pass
+        fd = DiskCache(remote.cache_dir, remote.cache_dir_bytes, remote).open(path, f.size, f.etag)
+        if fd is not None:  # the verified entry, as opened: its eviction or replacement cannot touch it
+            local = os.fdopen(fd, "rb")
+            local.raw.name = redact(path)  # type: ignore[attr-defined]
+            return local
     return io.BufferedReader(RangedRaw(f), buffer_size=BUFFER)  # type: ignore[return-value]

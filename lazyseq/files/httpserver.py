@@ -7,7 +7,10 @@ reads a saved store from it by byte ranges: ``GET`` with a single ``Range: bytes
 ``-n`` gets 206 and ``Content-Range`` (416 when unsatisfiable), anything else the whole file (200);
 ``HEAD`` gives the same headers (``Content-Length``, ``ETag``, ``Accept-Ranges: bytes``,
 ``Last-Modified``). Connections are kept alive (HTTP/1.1), as a client's pool expects. Paths with
-``..``, absolute paths and symlinks leading out of the directory get 403, missing files 404.
+``..``, absolute paths and symlinks leading out of the directory get 403, missing files 404. A file
+is opened once, never through a link and never waiting (``O_NOFOLLOW | O_NONBLOCK``), and judged
+by its descriptor: anything but a regular file (a FIFO, a device, a socket) gets 403, as does a
+descriptor that leads out of the directory.
 ``latency`` seconds pass before each answer: a far-away store on one machine.
 
 ``close()`` (or leaving the ``with`` block) stops the listener, closes the connections clients keep
@@ -32,6 +35,7 @@ import re
 import signal
 import socket
 import socketserver
+import stat
 import sys
 import threading
 import time
@@ -42,6 +46,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 __all__ = ["serve", "RangeServer", "RangeHandler", "Request", "Connections", "main"]
 
+_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 POLL = 0.05  # seconds between serve_forever's checks for shutdown(): close() takes that long, not its 0.5 s default
 
 
@@ -199,20 +204,21 @@ class RangeHandler(BaseHTTPRequestHandler):
         if self.answer_first(req, body):
             return
         path = owner._resolve(unquote(urlsplit(self.path).path))
-        if isinstance(path, int):
-            return self.send(path, {"Content-Type": "text/plain"}, f"{path}\n".encode(), body)
-        if path.is_dir():
+        opened, status = (None, path) if isinstance(path, int) else owner._open(path)
+        if opened is None:
+            return self.send(status, {"Content-Type": "text/plain"}, f"{status}\n".encode(), body)
+        if not stat.S_ISDIR(os.fstat(opened).st_mode):
+            with os.fdopen(opened, "rb") as f:
+                return self._send_file(f, req.range, body)
+        try:
             if not owner.listing:
                 return self.send(404, {"Content-Type": "text/plain"}, b"404\n", body)
-            names = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
-            page = "".join(f'<a href="{quote(n)}">{html.escape(n)}</a>\n' for n in names).encode()
-            return self.send(200, {"Content-Type": "text/html"}, page, body)
-        try:
-            f = open(path, "rb")  # closed by the with below
-        except OSError:  # removed since _resolve looked
-            return self.send(404, {"Content-Type": "text/plain"}, b"404\n", body)
-        with f:
-            self._send_file(f, req.range, body)
+            with os.scandir(opened if os.scandir in os.supports_fd else path) as found:
+                names = sorted(e.name + ("/" if e.is_dir() else "") for e in found)
+        finally:
+            os.close(opened)
+        page = "".join(f'<a href="{quote(n)}">{html.escape(n)}</a>\n' for n in names).encode()
+        return self.send(200, {"Content-Type": "text/html"}, page, body)
 
     def _send_file(self, f: BinaryIO, rng: str | None, body: bool) -> None:
         st = os.fstat(f.fileno())
@@ -306,6 +312,27 @@ class RangeServer:
         if path != self.root and self.root not in path.parents:
             return 403  # a symlink leading out of root
         return path if path.exists() else 404
+
+    def _open(self, path: Path) -> tuple[int | None, int]:
+        """``(fd, 200)``: ``path`` (from :meth:`_resolve`) opened once, never through a link and never
+        waiting (a FIFO), its descriptor checked: a regular file or a directory, still under root (a
+        folder on the way swapped for a link meanwhile); else ``(None, status)`` (404 gone, 403)."""
+        try:
+            fd = os.open(path, _FLAGS)
+        except FileNotFoundError:
+            return None, 404
+        except OSError:  # a link put in its place since _resolve looked, or unreadable
+            return None, 403
+        try:
+            mode = os.fstat(fd).st_mode
+            real = Path(os.readlink(f"/proc/self/fd/{fd}")) if os.path.isdir("/proc/self/fd") else self.root
+        except OSError:
+            real = None
+        if (stat.S_ISREG(mode) or stat.S_ISDIR(mode)) and real is not None and (real == self.root
+                                                                                or self.root in real.parents):
+            return fd, 200
+        os.close(fd)
+        return None, 403
 
     def close(self) -> None:
         """Stops serving, closes the open connections and joins every thread the server started."""

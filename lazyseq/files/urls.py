@@ -11,11 +11,21 @@ import os
 import re
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["is_url", "local_path", "redact", "join", "PLAIN_NAME", "ANY_URL"]
+__all__ = ["is_url", "local_path", "redact", "redact_text", "join", "PLAIN_NAME", "ANY_URL"]
 
 ANY_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")  # a URL inside a text (a library's message)
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")  # no separator, no '..', '%', '?', '#', ':'
+# the names a secret goes by in headers, query strings, canonical requests, reprs and JSON (longest first)
+_FIELDS = sorted(("authorization", "proxy-authorization", "x-amz-security-token", "x-amz-credential", "x-amz-signature",
+                  "x-goog-credential", "x-goog-signature", "x-api-key", "api-key", "api_key", "apikey", "cookie",
+                  "set-cookie", "credential", "signature", "sig", "token", "access_token", "refresh_token",
+                  "session_token", "security_token", "aws_access_key_id", "aws_secret_access_key", "aws_session_token",
+                  "access_key", "secret_key", "secret", "client_secret", "account_key", "sas_token", "password",
+                  "passwd"), key=len, reverse=True)
+_FIELD = re.compile(r"(?i)(?<![\w-])(" + "|".join(map(re.escape, _FIELDS)) + r")(['\"]?[ \t]*[:=][ \t]*)")
+_KEY_ID = re.compile(r"\b(?:AKIA|ASIA|AIDA|AROA|AGPA|ANPA|ANVA|AIPA|ABIA|ACCA)[A-Z0-9]{16}\b")  # an AWS access key id
+_TOKEN_END = re.compile(r"[&\s,;'\"<>()\[\]{}]|$")
 
 
 def is_url(path: object) -> bool:
@@ -56,6 +66,50 @@ def redact(url: str) -> str:
     except ValueError:  # a malformed port: show no more than the scheme
         return url.split("://", 1)[0] + "://..."
     return urlunsplit((u.scheme, netloc, u.path, "", ""))
+
+
+def redact_text(text: str) -> str:
+    """``text`` (a log line, a traceback) without what may be a secret: URLs through :func:`redact`,
+    the value after a secret's name (``Authorization: ...``, ``'X-Amz-Security-Token': b'...'``,
+    ``X-Amz-Signature=...``, botocore's ``Signature:`` line, ``"token": "..."``) and AWS access key ids,
+    each shown as ``***``.
+
+    >>> redact_text("GET https://h/x?X-Amz-Signature=ab headers={'Authorization': b'AWS4 Credential=AKIAIOSFODNN7EXAMPLE/x'}")
+    "GET https://h/x headers={'Authorization': ***}"
+    >>> redact_text('/b/k?X-Amz-Credential=AKIAIOSFODNN7EXAMPLE%2F1&X-Amz-Date=2024 x-amz-security-token:IQo\\nnext')
+    '/b/k?X-Amz-Credential=***&X-Amz-Date=2024 x-amz-security-token:***\\nnext'
+    """
+    text = ANY_URL.sub(lambda m: redact(m.group(0)), text)
+    out, pos = [], 0
+    for m in _FIELD.finditer(text):
+        if m.start() < pos:
+            continue
+        out += [text[pos:m.end()], "***"]
+        pos = _value_end(text, m.end(), ":" in m.group(2))
+    out.append(text[pos:])
+    return _KEY_ID.sub("***", "".join(out))
+
+
+def _value_end(text: str, i: int, colon: bool) -> int:
+    """Where the value that starts at ``text[i]`` ends: a quoted one (``'...'``, ``b"..."``) at its
+    closing quote; after a colon (a header line) at the line's end, or the next line's when the
+    value is on a line of its own (botocore's ``Signature:``); after ``=`` at a separator."""
+    j = i + 1 if text[i:i + 1] == "b" and text[i + 1:i + 2] in ("'", '"') else i
+    quote = text[j:j + 1]
+    if quote in ("'", '"'):
+        k = j + 1
+        while k < len(text) and text[k] != quote and text[k] != "\n":
+            k += 2 if text[k] == "\\" else 1
+        return min(k + 1, len(text))
+    if colon:
+        end = text.find("\n", i)
+        if end == -1:
+            return len(text)
+        if not text[i:end].strip():  # the value on the next line
+            nxt = text.find("\n", end + 1)
+            return len(text) if nxt == -1 else nxt
+        return end
+    return i + _TOKEN_END.search(text, i).start() - i
 
 
 def join(url: str, name: str, what: str = "a file") -> str:

@@ -66,8 +66,8 @@ def _cached(disk: DiskCache | None, url: str, info: dict) -> np.ndarray | None:
     if disk is None:
         return None
     try:
-        local = disk.local(url, info["size"], info["etag"])
-        return map_file(local, "a cache_dir entry") if local is not None else None
+        local = disk.map(url, info["size"], info["etag"])  # the entry verified, as opened
+        return _array(local) if local is not None else None
     except (FileNotFoundError, TimeoutError):
         return None
 
@@ -77,7 +77,11 @@ def map_file(path: str, what: str = "a corpus file") -> np.ndarray:
     opened once as a stranger's file (:mod:`lazyseq.files.local`: never through a link, never
     waiting on a FIFO; anything but a regular file is a :class:`StoreError` naming it). A missing
     file raises ``FileNotFoundError``."""
-    mm = map_data(path, what, root=os.path.dirname(path) or ".")
+    return _array(map_data(path, what, root=os.path.dirname(path) or "."))
+
+
+def _array(mm: Any) -> np.ndarray:
+    """A memory map (or ``b""``) as a read-only ``uint8`` array."""
     if not len(mm):  # mmap refuses an empty file
         empty = np.zeros(0, np.uint8)
         empty.flags.writeable = False

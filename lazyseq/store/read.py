@@ -157,10 +157,9 @@ class Store(View):
         local = None
         if self._disk is not None:  # another process downloading it without progress: read by ranges meanwhile
             with contextlib.suppress(TimeoutError):
-                local = self._disk.local(url, f.size, f.etag)
+                local = self._disk.map(url, f.size, f.etag, crc32=rec["crc32"])  # verified: the manifest's CRC-32
         if local is not None:
-            with contextlib.suppress(StoreError):  # another process's eviction took it meanwhile: read remotely
-                return Shard(open_local(local, rec, f"shard {k} (cached)"), redact(url), rec, self.fields, self._dtypes)
+            return Shard(local, redact(url), rec, self.fields, self._dtypes)
         return Shard(f, redact(url), rec, self.fields, self._dtypes)
 
     def _spans(self, k: np.ndarray) -> Spans | None:
