@@ -47,7 +47,7 @@ def _gets(server) -> list:
 
 
 def _cache_files(d) -> list[str]:
-    return sorted(f for f in os.listdir(d) if ".lazyseq-" in f) if os.path.isdir(d) else []
+    return sorted(f for f in os.listdir(d) if ".lazyseq-" in f and f.endswith(".npy")) if os.path.isdir(d) else []
 
 
 def _same_docs(remote, local) -> None:

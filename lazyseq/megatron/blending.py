@@ -148,6 +148,8 @@ class Blend(View):
         if self._index is None:
             with self._lock:
                 if self._index is None:
+                    for part in self.parts:  # every corpus checked first: a StoreError before anything is built
+                        part.plan()
                     params = {"weights": self.weights, "num_samples": self.num_samples}
                     n = self.num_samples
                     spec = [("dataset_idx", "<i2", (n,)), ("dataset_sample_idx", "<i8", (n,))]

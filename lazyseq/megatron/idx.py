@@ -8,7 +8,12 @@ sequence of each document, then ``n``). ``prefix.bin`` holds the tokens.
 
 The files are data from elsewhere: every count, size and pointer is checked against the files'
 sizes before it is used (no read outside the two files, no allocation sized by the header), and
-anything wrong is a :class:`~lazyseq.StoreError` naming the file and what is wrong.
+anything wrong is a :class:`~lazyseq.StoreError` naming the file and what is wrong. The counts
+are checked against the file's size from the header alone, the document index's first and last
+entries (``0`` and ``n``) next, then the tables block by block (``_BLOCK`` entries: the checks'
+memory does not grow with the file). A URL's header is judged before the rest of its ``.idx`` is
+read. A view pickles with a digest of its sequence sizes: a worker that finds other files refuses
+them (:func:`_reopen`).
 """
 
 from __future__ import annotations
@@ -53,13 +58,16 @@ class _Bad(Exception):
     pass
 
 
-def _parse(idx: np.ndarray, idx_file: str, bin_size: int) -> tuple[np.dtype, np.ndarray, np.ndarray, np.ndarray]:
-    """Check the bytes of an ``.idx`` file against themselves and the ``.bin`` size; its dtype,
-    sizes, pointers and doc_idx (read-only views of ``idx``)."""
-    size = len(idx)
-    if size < HEADER.size:
+_BLOCK = 1 << 20  # table entries checked at a time: the checks' memory is bounded, whatever the file declares
+
+
+def check_header(head: bytes, size: int) -> tuple[int, int, int]:
+    """``(dtype code, n, m)`` of an ``.idx`` of ``size`` bytes from its first bytes, checked: the
+    magic, the version, the code, and the tables the counts declare against the file's size (so
+    nothing is read or allocated for a count the file cannot hold). Raises ``_Bad``."""
+    if size < HEADER.size or len(head) < HEADER.size:
         raise _Bad(f"it has {size} bytes, fewer than the {HEADER.size} of a header")
-    magic, version, code, n, m = HEADER.unpack(idx[: HEADER.size].tobytes())
+    magic, version, code, n, m = HEADER.unpack(head[: HEADER.size])
     if magic != MAGIC:
         raise _Bad(f"it does not start with Megatron's magic {MAGIC!r} (found {magic!r})")
     if version != 1:
@@ -70,26 +78,46 @@ def _parse(idx: np.ndarray, idx_file: str, bin_size: int) -> tuple[np.dtype, np.
     if n > room // 12 or m > room // 8 or HEADER.size + 12 * n + 8 * m != size:
         raise _Bad(f"it declares {n} sequences and {m} document boundaries, which need "
                    f"{HEADER.size + 12 * min(n, 2**60) + 8 * min(m, 2**60)} bytes; the file has {size}")
+    if m < 1:
+        raise _Bad("it has no document boundaries (Megatron's document index holds at least its last entry, the "
+                   "number of sequences)")
+    return code, n, m
+
+
+def _parse(idx: np.ndarray, idx_file: str, bin_size: int) -> tuple[np.dtype, np.ndarray, np.ndarray, np.ndarray]:
+    """Check the bytes of an ``.idx`` file against themselves and the ``.bin`` size; its dtype,
+    sizes, pointers and doc_idx (read-only views of ``idx``)."""
+    code, n, m = check_header(idx[: HEADER.size].tobytes(), len(idx))
     dt = DTYPES[code]
     sizes = np.frombuffer(idx, "<i4", n, HEADER.size)
     pointers = np.frombuffer(idx, "<i8", n, HEADER.size + 4 * n)
     doc_idx = np.frombuffer(idx, "<i8", m, HEADER.size + 12 * n)
-    _check_tables(sizes, pointers, doc_idx, dt, bin_size)
+    if doc_idx[0] != 0 or doc_idx[-1] != n:  # first, in O(1): a file of zeros (or holes) stops here
+        raise _Bad(f"its document index runs from {int(doc_idx[0])} to {int(doc_idx[-1])}, not from 0 to its {n} "
+                   "sequences")
+    for a in range(0, max(n, m), _BLOCK):  # block by block: no temporary sized by the file
+        _check_block(sizes[a : a + _BLOCK], pointers[a : a + _BLOCK], a, dt, bin_size)
+        _check_doc_block(doc_idx[max(a - 1, 0) : a + _BLOCK], n)
     return dt, sizes, pointers, doc_idx
 
 
-def _check_tables(sizes: np.ndarray, pointers: np.ndarray, doc_idx: np.ndarray, dt: np.dtype, bin_size: int) -> None:
-    n = len(sizes)
-    if n:
-        if sizes.min() < 0:
-            k = int(np.argmax(sizes < 0))
-            raise _Bad(f"sequence {k} has a negative size ({int(sizes[k])})")
-        ok = (pointers >= 0) & (pointers <= bin_size)  # first, so that the sum below cannot overflow
-        ok &= pointers + sizes.astype(np.int64) * dt.itemsize <= bin_size
-        if not ok.all():
-            k = int(np.argmin(ok))
-            raise _Bad(f"sequence {k} ({int(sizes[k])} tokens at byte {int(pointers[k])}) lies outside "
-                       f"the .bin file ({bin_size} bytes)")
+def _check_block(sizes: np.ndarray, pointers: np.ndarray, first: int, dt: np.dtype, bin_size: int) -> None:
+    """Sequences ``first...`` (``sizes``, ``pointers``): sizes not negative, each inside the ``.bin``."""
+    if not len(sizes):
+        return
+    if sizes.min() < 0:
+        k = int(np.argmax(sizes < 0))
+        raise _Bad(f"sequence {first + k} has a negative size ({int(sizes[k])})")
+    ok = (pointers >= 0) & (pointers <= bin_size)  # first, so that the sum below cannot overflow
+    ok &= pointers + sizes.astype(np.int64) * dt.itemsize <= bin_size
+    if not ok.all():
+        k = int(np.argmin(ok))
+        raise _Bad(f"sequence {first + k} ({int(sizes[k])} tokens at byte {int(pointers[k])}) lies outside "
+                   f"the .bin file ({bin_size} bytes)")
+
+
+def _check_doc_block(doc_idx: np.ndarray, n: int) -> None:
+    """Entries of the document index (with the one before the block): nondecreasing, from 0 to ``n``."""
     if len(doc_idx) and (doc_idx.min() < 0 or doc_idx.max() > n or (np.diff(doc_idx) < 0).any()):
         raise _Bad(f"its document index is not a nondecreasing list of sequence numbers from 0 to {n}")
 
@@ -107,20 +135,34 @@ class Indexed(View):
         self.shown = redact(self.prefix)  # a URL without its secrets, for every message
         shown_idx = redact(self.idx_file)
         try:
-            bin_map, idx_map, self._version = access.open_pair(self.bin_file, self.idx_file, self.remote)
+            opened = access.open_pair(self.bin_file, self.idx_file, self.remote, _head_check(shown_idx))
         except FileNotFoundError as e:
             missing = e.filename or (self.bin_file if redact(self.bin_file) in str(e) else self.idx_file)
             raise FileNotFoundError(f"lazyseq.megatron.indexed: {redact(missing)} is missing "
                                     f"(a Megatron dataset is a .bin and an .idx file)") from None
+        bin_map, idx_map, self._version, self._identity = opened
         try:
             self.dtype, self.sizes, self.pointers, self.doc_idx = _parse(idx_map, shown_idx, len(bin_map))
         except _Bad as e:
             raise StoreError(f"{shown_idx} is not a valid Megatron index: {e}") from None
         self._bin, self._idx, self._n = bin_map, idx_map, len(self.sizes)
         self._ranged = isinstance(bin_map, RemoteFile)  # else a memory map
+        self._digest: str | None = None
 
-    def __reduce__(self):  # a worker maps (or fetches) and checks the files itself
-        return (Indexed, (self.prefix,)) if self.remote is None else (Indexed, (self.prefix, self.remote))
+    def __reduce__(self):
+        # a worker maps (or fetches) and checks the files itself, and refuses files other than these
+        return (_reopen, (self.prefix, self.remote, self._identity, self.digest()))
+
+    def digest(self) -> str:
+        """A digest of what the samples of this corpus are cut from: the counts, the dtype, the
+        ``.bin``'s size and every sequence's size (blake2b of the ``sizes`` table, 4 bytes a
+        sequence, computed once: about 40 ms for 10 million sequences)."""
+        if self._digest is None:
+            h = hashlib.blake2b(digest_size=16)
+            h.update(struct.pack("<QQBQ", self._n, len(self.doc_idx), CODES[self.dtype], len(self._bin)))
+            h.update(np.ascontiguousarray(self.sizes).data)
+            self._digest = h.hexdigest()
+        return self._digest
 
     @property
     def name(self) -> str:
@@ -129,10 +171,8 @@ class Indexed(View):
 
     def version(self) -> list:
         """What identifies this version of the files (a cached index's key): their ``(size,
-        mtime_ns)``, or for a URL the ``[size, etag]`` of the objects when the view was made."""
-        if self._version is not None:
-            return self._version
-        return [access.stamp(f) for f in (self.idx_file, self.bin_file)]
+        mtime_ns)`` when they were opened, or for a URL the ``[size, etag]`` of the objects then."""
+        return self._version
 
     def _len(self) -> int:
         return self._n
@@ -189,6 +229,28 @@ class Indexed(View):
         return f"megatron.indexed({self.shown!r}, {self.dtype.name})"
 
 
+def _head_check(shown_idx: str):
+    """The check of an ``.idx``'s first bytes and size that :func:`access.open_pair` runs on a URL's
+    ``.idx`` before it reads the rest into memory."""
+    def check(head: bytes, size: int) -> None:
+        try:
+            check_header(head, size)
+        except _Bad as e:
+            raise StoreError(f"{shown_idx} is not a valid Megatron index: {e}") from None
+    return check
+
+
+def _reopen(prefix: str, remote: Remote | None, identity: Any, digest: str) -> Indexed:
+    """An :class:`Indexed` view unpickled (in a worker): the files opened and checked again, and
+    refused unless they are those the view was made from (the same files, or the same sizes)."""
+    docs = Indexed(prefix, remote)
+    if docs._identity != identity and docs.digest() != digest:
+        raise StoreError(f"{redact(docs.idx_file)} changed since the view was built (other sequence sizes, counts "
+                         "or .bin size): the index of samples made from it does not fit the files now; build the "
+                         "view again over the corpus as it is")
+    return docs
+
+
 def indexed(prefix: str | os.PathLike, *, storage_options: dict | None = None, block_cache: int = 64 * 2**20,
             cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int | None = None,
             timeout: float = 30.0) -> Indexed:
@@ -202,8 +264,9 @@ def indexed(prefix: str | os.PathLike, *, storage_options: dict | None = None, b
     The files are data from elsewhere: every count, size and pointer of ``prefix.idx`` is checked
     against both files' sizes when the view is made (vectorised, no allocation sized by the
     header), so that no read leaves the files; a bad file raises :class:`~lazyseq.StoreError`
-    naming it and what is wrong. The view pickles as its prefix: a prefetch worker maps and checks
-    the files itself.
+    naming it and what is wrong. The view pickles as its prefix and a digest of its sequence sizes:
+    a prefetch worker maps and checks the files itself, and raises a ``StoreError`` if they changed
+    since (other sizes, counts or ``.bin`` size), rather than read other documents.
 
     ``prefix`` may be any fsspec URL (``s3://bucket/corpus``, ``https://host/corpus``): the
     ``.idx`` is read whole once (at most 4 GiB), both objects' sizes come from HEAD requests and

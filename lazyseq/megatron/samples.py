@@ -25,10 +25,12 @@ from typing import Any
 import numpy as np
 
 from ..core.base import View
+from ..errors import StoreError
+from ..files import redact
 from . import cache
 from .idx import Indexed, indexed
 
-__all__ = ["GPT", "gpt", "epochs", "build", "boundaries", "check_int"]
+__all__ = ["GPT", "gpt", "epochs", "plan", "build", "boundaries", "check_int"]
 
 
 def check_int(x: Any, what: str, lo: int, hi: int | None = None) -> int:
@@ -42,6 +44,37 @@ def epochs(tokens: int, num_samples: int, seq_length: int) -> int:
     """How many epochs of ``tokens`` tokens tinygrad reads: the fewest, at least 1, that hold
     ``num_samples * seq_length`` tokens."""
     return max(1, -(-(num_samples * seq_length) // tokens))
+
+
+INDEX_BYTES = 28  # per entry of doc_idx while the index is built: doc_idx, lengths, ends, their ceilings
+
+
+def plan(sizes: np.ndarray, num_samples: int, seq_length: int, shown: str) -> int:
+    """The epochs of ``sizes`` that ``num_samples`` samples need, checked before anything is
+    allocated: a :class:`~lazyseq.StoreError` naming the corpus (``shown``) when it holds no
+    token, when it has more sequences than tinygrad's int32 ``doc_idx`` numbers, or when the index
+    would hold more document entries than one pass over the corpus plus one per token sampled
+    (``len(sizes) + num_samples * (seq_length + 1)``). That bound holds for any corpus whose
+    sequences average at least one token (``len(sizes) * epochs <= len(sizes) + tokens
+    sampled``); past it, the epochs are made of empty sequences, and the index's size follows
+    them rather than the samples asked for."""
+    n, tokens = len(sizes), int(sizes.sum(dtype=np.int64))
+    if not tokens:
+        raise StoreError(f"lazyseq.megatron.gpt: {shown} holds no tokens ({n} sequences, all empty): there are no "
+                         "samples to cut")
+    if n > np.iinfo(np.int32).max:
+        raise StoreError(f"lazyseq.megatron.gpt: {shown} has {n} sequences; the index numbers them in int32 "
+                         f"(at most {np.iinfo(np.int32).max}), as tinygrad's does")
+    n_epochs = epochs(tokens, num_samples, seq_length)
+    bound = n + num_samples * (seq_length + 1)
+    if n * n_epochs > bound:
+        raise StoreError(
+            f"lazyseq.megatron.gpt: {shown} holds {tokens} tokens in {n} sequences: {num_samples} samples of "
+            f"{seq_length} tokens need {n_epochs} epochs of it, an index of {n * n_epochs} document entries "
+            f"({n * n_epochs * INDEX_BYTES / 2**30:.3g} GiB to build); more than {bound}, one pass over the corpus "
+            "and one entry per token sampled, is refused (its sequences are mostly empty): ask for fewer samples, "
+            "or leave the empty sequences out of the corpus")
+    return n_epochs
 
 
 def boundaries(lens: np.ndarray, num_samples: int, seq_length: int) -> np.ndarray:
@@ -120,12 +153,14 @@ class GPT(View):
                     self._index = self._build()
         return self._index
 
+    def plan(self) -> int:
+        """The epochs of the corpus the samples need, checked (see :func:`plan`): a
+        :class:`~lazyseq.StoreError` before anything is allocated for a corpus they cannot come from."""
+        return plan(self.docs.sizes, self.num_samples, self.seq_length, redact(self.docs.idx_file))
+
     def _build(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         sizes = self.docs.sizes
-        tokens = int(sizes.sum(dtype=np.int64))
-        if not tokens:
-            raise ValueError(f"lazyseq.megatron.gpt: {self.docs.shown} holds no tokens: there are no samples to cut")
-        n_epochs, n = epochs(tokens, self.num_samples, self.seq_length), self.num_samples
+        n_epochs, n = self.plan(), self.num_samples
         params = {"num_samples": n, "seq_length": self.seq_length, "seed": self.seed, "shuffle": self.shuffle}
         spec = [("doc_idx", "<i4", (len(sizes) * n_epochs,)), ("shuffle_idx", "<i4", (n,))]
         doc_idx, shuffle_idx = cache.cached(
@@ -199,7 +234,10 @@ def gpt(docs: Any, num_samples: int, seq_length: int, *, seed: int = 0, shuffle:
     and cached beside the data (else under ``cache_dir``, default ``$XDG_CACHE_HOME/lazyseq`` or
     ``~/.cache/lazyseq``; ``cache=False``: not at all). The samples are fixed by ``seed`` and take
     no epoch: shuffle them per epoch on top (a ``DataLoader`` with ``shuffle=True`` does). The view
-    pickles with its index: prefetch workers never rebuild it.
+    pickles with its index: prefetch workers never rebuild it, and refuse (``StoreError``) a corpus
+    whose sequence sizes changed since. Sizes the data implies are checked before the index is
+    built: a corpus without tokens, or one so empty that the index would hold more document
+    entries than one pass over it plus one per token sampled, is a ``StoreError`` (:func:`plan`).
 
     A URL prefix opens with ``storage_options``, ``block_cache`` and ``timeout`` (see
     :func:`indexed`); its index is cached under ``cache_dir`` (else the indexed view's
