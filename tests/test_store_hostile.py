@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import lazyseq
 from lazyseq import StoreError
+from tests.hostile import manifest_of, raised_within, rewrite
 
 
 def _mkdir(path):  # what a hostile pickle in a store would run
@@ -34,14 +35,8 @@ class Boom:
         return (_mkdir, (self.path,))
 
 
-def manifest_of(path):
-    return json.loads((path / "manifest.json").read_text())
 
 
-def rewrite(path, change):
-    m = manifest_of(path)
-    change(m)
-    (path / "manifest.json").write_text(json.dumps(m))
 
 
 def read_all(store):
@@ -261,21 +256,6 @@ def _special(path, kind):
             pytest.skip("no device file can be made, or opened, here (not root, or a nodev file system)")
 
 
-def _raised_within(seconds, fn):
-    """The exception ``fn()`` raises (None if none), failing the test if it still runs after ``seconds``."""
-    out = []
-
-    def run():
-        try:
-            fn()
-            out.append(None)
-        except BaseException as e:
-            out.append(e)
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert out, f"still waiting after {seconds} s: a store's file must never make a read hang"
-    return out[0]
 
 
 @pytest.mark.parametrize("kind", ["FIFO", "directory", "device"])
@@ -285,10 +265,10 @@ def test_a_shard_that_is_not_a_regular_file_is_named(simple, kind):
     first.unlink()
     _special(first, kind)
     want = f"{first} (shard 0) is not a regular file (a {kind}): a dataset's files are plain files"
-    err = _raised_within(10, lambda: lazyseq.load(simple))
+    err = raised_within(10, lambda: lazyseq.load(simple))
     assert isinstance(err, StoreError) and str(err) == want
     store = lazyseq.Store._reopen(str(simple), m)  # a worker's copy: the shard opened (without blocking) at a read
-    err = _raised_within(10, lambda: store[0])
+    err = raised_within(10, lambda: store[0])
     assert isinstance(err, lazyseq.EvaluationError) and isinstance(err.__cause__, StoreError) and str(err.__cause__) == want
     assert store[len(store) - 1]["y"] == len(store) - 1  # the other shard reads
 
@@ -298,7 +278,7 @@ def test_a_manifest_that_is_not_a_regular_file_is_named(simple, kind):
     manifest = simple / "manifest.json"
     manifest.unlink()
     _special(manifest, kind)
-    err = _raised_within(10, lambda: lazyseq.load(simple))
+    err = raised_within(10, lambda: lazyseq.load(simple))
     assert isinstance(err, StoreError)
     assert str(err) == f"{manifest} (the manifest) is not a regular file (a {kind}): a dataset's files are plain files"
 

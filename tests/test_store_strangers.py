@@ -22,16 +22,7 @@ from hypothesis import strategies as st
 import lazyseq
 from lazyseq import StoreError
 from lazyseq.store.format import SchemaError
-
-
-def manifest_of(path):
-    return json.loads((path / "manifest.json").read_text())
-
-
-def rewrite(path, change):
-    m = manifest_of(path)
-    change(m)
-    (path / "manifest.json").write_text(json.dumps(m))
+from tests.hostile import manifest_of, rewrite
 
 
 def read_every_way(store):
@@ -420,7 +411,7 @@ def test_fuzz_hard_values_fail_only_with_clean_store_errors(fuzz_stores, tmp_pat
             parent = m
             for k in where[:-1]:
                 parent = parent[k]
-            parent[where[-1]] = data.draw(hard)
+            parent[where[-1]] = json.loads(json.dumps(data.draw(hard)))  # a copy: a sampled list is shared
         else:  # an int64 of a shard (its tables) set to a hard number
             f = data.draw(st.sampled_from(sorted(files)))
             raw = bytearray(files[f])

@@ -15,26 +15,11 @@ import lazyseq
 import lazyseq.megatron as mg
 from lazyseq import StoreError
 from lazyseq.files.local import map_data, open_data, read_data
+from tests.hostile import raised_within
 
 DOCS = [np.arange(n, dtype=np.int32) for n in range(3, 30)]
 
 
-def _within(seconds, fn):
-    """What ``fn()`` raises (None if nothing), failing if it still runs after ``seconds``: no hang."""
-    out = []
-
-    def run():
-        try:
-            fn()
-            out.append(None)
-        except BaseException as e:
-            out.append(e)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert out, f"still waiting after {seconds} s"
-    return out[0]
 
 
 @pytest.fixture
@@ -67,7 +52,7 @@ def test_a_corpus_file_that_is_not_a_regular_file_is_named_at_once(tmp_path, kin
     mg.write(corpus, DOCS)
     (tmp_path / "corpus.bin").unlink()
     os.mkfifo(tmp_path / "corpus.bin") if kind == "FIFO" else os.mkdir(tmp_path / "corpus.bin")
-    err = _within(10, lambda: mg.indexed(corpus))
+    err = raised_within(10, lambda: mg.indexed(corpus))
     assert isinstance(err, StoreError) and f"is not a regular file (a {kind})" in str(err), err
 
 
@@ -81,7 +66,7 @@ def test_a_manifest_linked_out_or_to_dev_zero_is_refused(tmp_path, secret):
         lazyseq.load(tmp_path / "s")
     manifest.unlink()
     manifest.symlink_to("/dev/zero")  # would read until memory runs out
-    err = _within(10, lambda: lazyseq.load(tmp_path / "s"))
+    err = raised_within(10, lambda: lazyseq.load(tmp_path / "s"))
     assert isinstance(err, StoreError) and "is a symbolic link" in str(err)
 
 
@@ -104,7 +89,7 @@ def test_an_index_cache_that_is_a_fifo_or_a_link_is_rebuilt_not_waited_on(tmp_pa
         p.unlink()
         os.mkfifo(p) if k % 2 == 0 else p.symlink_to(secret)
     got = []
-    err = _within(20, lambda: got.extend(s.tolist() for s in mg.gpt(mg.indexed(corpus), 20, 8, seed=3)))
+    err = raised_within(20, lambda: got.extend(s.tolist() for s in mg.gpt(mg.indexed(corpus), 20, 8, seed=3)))
     assert err is None and got == want
     assert all(p.is_file() and not p.is_symlink() for p in entries)  # written again, in place of the links
 
