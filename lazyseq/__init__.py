@@ -23,6 +23,7 @@ from .errors import (
     seterr,
 )
 from .evaluation import empty, empty_like, prefetch, shutdown_ray
+from .formats.parquet import parquet
 from .loader.batching import pad_collate, varlen_collate
 from .loader.dataloader import DataLoader, default_collate
 from .loader.tensor import to_tensor
@@ -56,4 +57,5 @@ __all__ = [
     "mix", "schedule",
     "shutdown_ray",
     "pack", "bucket", "pad_collate", "varlen_collate",
+    "parquet",
 ]

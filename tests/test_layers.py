@@ -18,7 +18,7 @@ LAYERS = {
     "lazyseq.helpers": 0, "lazyseq.errors": 0,  # leaves: they import nothing of lazyseq
     "lazyseq.core": 1,  # the view machinery
     "lazyseq.files": 2,  # one file-access layer, local or URL
-    "lazyseq.views": 3, "lazyseq.megatron": 3,  # sources and views
+    "lazyseq.views": 3, "lazyseq.megatron": 3, "lazyseq.formats": 3,  # sources and views
     "lazyseq.evaluation": 4,  # prefetch and its backends
     "lazyseq.store": 5, "lazyseq.loader": 5,  # save (through prefetch), load; the DataLoader and its adapters
     "lazyseq.instrument": 6, "lazyseq": 6,  # the public face

@@ -1,0 +1,128 @@
+"""The view every format of this package is: rows stored in blocks (Parquet row groups, Arrow
+record batches, Lance fragments), a few decoded blocks kept per process.
+
+A format says how many rows each block holds (known when the view is made, from footers or
+metadata alone) and how to decode one block (:meth:`Blocks._decode`, returning
+:class:`~lazyseq.formats.values.Rows` or any object with ``row(j)`` and ``rows(js)``). This class
+does the rest once: ``len``, item ``i`` -> (block, row) by bisection, the cache of ``cache``
+decoded blocks (:class:`~lazyseq.core.decoded.DecodedCache`: each decoded once, however many
+threads ask), bulk reads grouped by block (each block decoded once per batch, held blocks first),
+reads past failures, ``.cuts`` for ``block_shuffle``, and pickling without data (a subclass names
+its per-process state in ``_transient``; a worker opens its own files).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..core.base import View
+from ..core.decoded import DecodedCache
+from ..core.node import Failed, into
+
+__all__ = ["Blocks"]
+
+
+class Blocks(View):
+    """Rows in blocks; a subclass calls :meth:`_set_blocks` in ``__init__`` and implements
+    :meth:`_decode` and ``describe``."""
+
+    _transient: tuple[str, ...] = ()  # attributes made per process (open files), dropped by pickling
+
+    def _set_blocks(self, rows: Sequence[int], cache: int) -> None:
+        """``rows[b]``: the rows of block ``b``; ``cache``: decoded blocks kept in memory at most."""
+        self.cache = int(cache)
+        self._rows = [int(n) for n in rows]
+        self._starts = list(itertools.accumulate(self._rows, initial=0))  # block b holds rows starts[b] to starts[b + 1]
+        self._decoded = DecodedCache(self.cache)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        for name in ("_decoded", *self._transient):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._decoded = DecodedCache(self.cache)
+        self._reopen()
+
+    def _reopen(self) -> None:
+        """Make the per-process state named in ``_transient`` (after unpickling)."""
+
+    # -- what a format implements --------------------------------------------------------------
+    def _decode(self, b: int) -> Any:
+        """Block ``b``'s rows (``.row(j)``, ``.rows(js)``), checked to hold ``self._rows[b]`` rows."""
+        raise NotImplementedError
+
+    # -- shape -----------------------------------------------------------------------------------
+    def _len(self) -> int:
+        return self._starts[-1]
+
+    @property
+    def blocks(self) -> int:
+        """The number of blocks."""
+        return len(self._rows)
+
+    @property
+    def block_rows(self) -> tuple[int, ...]:
+        """The rows of every block, in order."""
+        return tuple(self._rows)
+
+    @property
+    def cuts(self) -> list[int]:
+        """The index where each block after the first starts: ``block_shuffle(v, v.cuts, seed)``
+        shuffles this data reading a few blocks at a time."""
+        return self._starts[1:-1]
+
+    def held(self) -> list[int]:
+        """The blocks decoded in memory now, least recently used first."""
+        return self._decoded.held()
+
+    # -- reads -----------------------------------------------------------------------------------
+    def _where(self, i: int) -> tuple[int, int]:
+        b = bisect.bisect_right(self._starts, i) - 1  # past empty blocks, which start where the next one does
+        return b, i - self._starts[b]
+
+    def _block(self, b: int) -> Any:
+        return self._decoded.get(b, self._decode)
+
+    def _get(self, i: int) -> Any:
+        b, j = self._where(i)
+        last = self._decoded.last
+        if last[0] == b and self._decoded.fresh():  # a run of reads in one block takes no lock
+            return last[1].row(j)
+        del last  # not held while another block is decoded
+        return self._block(b).row(j)
+
+    def _grouped(self, idx: Sequence[int], past_failures: bool) -> list:
+        """Decode every block once for all its rows in ``idx``: the blocks in memory first, then
+        the others in order."""
+        a = np.asarray(idx, dtype=np.int64)
+        where = np.searchsorted(np.asarray(self._starts, dtype=np.int64), a, side="right") - 1
+        sort = np.argsort(where, kind="stable")
+        blocks, first = np.unique(where[sort], return_index=True)
+        held = set(self._decoded.held())
+        groups = sorted(zip(blocks.tolist(), np.split(sort, first[1:])), key=lambda g: g[0] not in held)
+        out: list = [None] * len(a)
+        for b, ats in groups:
+            try:
+                rows = self._block(b).rows((a[ats] - self._starts[b]).tolist())
+            except Exception as e:
+                if not past_failures:
+                    raise
+                rows = [Failed(e)] * len(ats)
+            for at, row in zip(ats.tolist(), rows):
+                out[at] = row
+            rows = None  # not held while the next block is decoded: the cache bound holds
+        return out
+
+    def _get_many(self, idx: Sequence[int]) -> list:
+        return self._grouped(idx, False)
+
+    def _get_each(self, idx: Sequence[int], out: list | None = None) -> list:
+        return into(out, self._grouped(idx, True))

@@ -1,0 +1,201 @@
+"""Parquet files read at random, where they lie: :func:`parquet`.
+
+``len`` comes from the footers alone (read once, concurrently). Item ``i`` decodes the row group
+that holds it, only the selected columns (at most ``cache`` decoded row groups per process, least
+recently used out, each decoded once however many threads ask); a batch decodes each of its row
+groups once. Over a URL a decode first fetches the byte ranges of its column chunks, all at once
+(neighbours joined, the rest concurrent), each carrying the object's version.
+
+The footers are data from elsewhere: their totals, each column chunk's byte range and the rows a
+row group decodes to are checked, and what pyarrow refuses becomes a :class:`~lazyseq.StoreError`
+naming the file and the row group.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import StoreError
+from ..files.remote import check_settings
+from .blocks import Blocks
+from .sources import Opened, Remotes, list_files, need, open_source, reader_errors, shown
+from .values import Rows
+
+__all__ = ["parquet", "Parquet"]
+
+WHAT = "a Parquet file"
+FOOTER_THREADS = 16  # footers read at once when a view opens many files
+
+
+def _leaves(md: Any, names: Sequence[str]) -> list[int]:
+    """The Parquet leaf columns of the top-level fields ``names``."""
+    out = []
+    for c in range(md.num_columns):
+        path = md.schema.column(c).path
+        if any(path == n or path.startswith(n + ".") for n in names):
+            out.append(c)
+    return out
+
+
+class Parquet(Blocks):
+    """Rows of Parquet files: see :func:`parquet`."""
+
+    checks_keys = False
+    _transient = ("_opened", "_remotes")
+
+    def __init__(self, paths: Any, columns: Sequence[str] | None, cache: int, settings: dict, strict: bool):
+        need("pyarrow.parquet", "parquet", "lazyseq.parquet")
+        if isinstance(cache, bool) or not isinstance(cache, int) or cache < 1:
+            raise ValueError(f"lazyseq.parquet: cache must be an int >= 1 (row groups kept decoded), got {cache!r}")
+        check_settings(**{k: v for k, v in settings.items() if k in ("block_cache", "cache_dir_bytes", "timeout")})
+        self.settings, self.strict = dict(settings), bool(strict)
+        self._remotes = Remotes(self.settings)
+        files = list_files(paths, (".parquet",), "lazyseq.parquet", self._remotes)
+        self.names, self.paths = [n for n, _ in files], [p for _, p in files]
+        self._opened: dict[int, tuple[Opened, Any]] = {}
+        with concurrent.futures.ThreadPoolExecutor(min(FOOTER_THREADS, len(self.paths))) as pool:
+            footers = list(pool.map(self._open, range(len(self.paths))))
+        self.sizes = [o.size for o, _ in footers]
+        self.stamps = [o.stamp for o, _ in footers]
+        self.schema, self.columns = self._select(columns, [md for _, md in footers])
+        self._files_rows = [[md.row_group(r).num_rows for r in range(md.num_row_groups)] for _, md in footers]
+        self._block_of = [(k, r) for k, rows in enumerate(self._files_rows) for r in range(len(rows))]
+        self._set_blocks([n for rows in self._files_rows for n in rows], cache)
+
+    # -- files -----------------------------------------------------------------------------------
+    def _open(self, k: int) -> tuple[Opened, Any]:
+        """File ``k`` opened in this process, its footer read and checked."""
+        got = self._opened.get(k)
+        if got is not None:
+            return got
+        path = self.paths[k]
+        opened = open_source(path, WHAT, self._remotes)
+        pq = need("pyarrow.parquet", "parquet", "lazyseq.parquet")
+        with reader_errors(f"{shown(path)} ({WHAT}): its footer"):
+            md = pq.ParquetFile(opened.source(), pre_buffer=False).metadata
+        rows = [md.row_group(r).num_rows for r in range(md.num_row_groups)]
+        if any(n < 0 for n in rows) or md.num_rows != sum(rows):
+            raise StoreError(f"{shown(path)} ({WHAT}) is corrupted: its footer says {md.num_rows} rows, its "
+                             f"{len(rows)} row groups hold {sum(rows) if min(rows, default=0) >= 0 else 'a negative number of'}")
+        if hasattr(self, "sizes"):  # reopened (in a worker): the file the view was made from, or an error
+            self._check_same(k, opened, rows)
+        return self._opened.setdefault(k, (opened, md))
+
+    def _check_same(self, k: int, opened: Opened, rows: list[int]) -> None:
+        same = opened.size == self.sizes[k] and rows == self._files_rows[k]
+        if self.strict and opened.stamp != self.stamps[k]:
+            same = False
+        if not same:
+            raise StoreError(f"{shown(self.paths[k])} ({WHAT}) changed since this view was made ({self.sizes[k]} bytes, "
+                             f"then {opened.size}{', or another modification time or ETag' * self.strict}): make the "
+                             "view again over the files as they are now")
+
+    def _reopen(self) -> None:
+        self._opened, self._remotes = {}, Remotes(self.settings)
+
+    def _select(self, columns: Sequence[str] | None, footers: list) -> tuple[Any, list[str]]:
+        """The schema of the selected columns (every file's, checked alike) and their names in schema order."""
+        with reader_errors(f"{shown(self.paths[0])} ({WHAT}): its schema"):
+            schemas = [md.schema.to_arrow_schema() for md in footers]
+        first = schemas[0]
+        if columns is None:
+            names = list(first.names)
+        else:
+            if isinstance(columns, str):
+                raise TypeError("lazyseq.parquet: columns must be a list of column names, got a str: use [name]")
+            wanted = list(columns)
+            unknown = [c for c in wanted if c not in first.names]
+            if unknown:
+                raise KeyError(f"lazyseq.parquet: no column {unknown[0]!r} in {shown(self.paths[0])}; its columns are "
+                               f"{first.names}")
+            names = [n for n in first.names if n in wanted]
+        for k, schema in enumerate(schemas[1:], 1):
+            for n in names:
+                if n not in schema.names:
+                    raise StoreError(f"{shown(self.paths[k])} ({WHAT}) has no column {n!r}, which "
+                                     f"{shown(self.paths[0])} has: the files of one view share their columns")
+                a, b = first.field(n).type, schema.field(n).type
+                if a != b:
+                    raise StoreError(f"{shown(self.paths[k])} ({WHAT}): column {n!r} is {b}, in {shown(self.paths[0])} "
+                                     f"it is {a}: the files of one view share their schema")
+        return need("pyarrow", "parquet", "lazyseq.parquet").schema([first.field(n) for n in names]), names
+
+    # -- blocks ----------------------------------------------------------------------------------
+    def _decode(self, b: int) -> Rows:
+        k, r = self._block_of[b]
+        opened, md = self._open(k)
+        where = f"{shown(self.paths[k])} ({WHAT}), row group {r}"
+        group = md.row_group(r)
+        ranges = []
+        for c in _leaves(md, self.columns):
+            ranges.append(_chunk_range(group.column(c), opened.size, where))
+        pq = need("pyarrow.parquet", "parquet", "lazyseq.parquet")
+        held = (opened.remote.remote.holding([opened.remote.request(a, z) for a, z in ranges if z > a])
+                if opened.remote is not None else contextlib.nullcontext())
+        with held, reader_errors(where):
+            table = pq.ParquetFile(opened.source(), metadata=md, pre_buffer=False).read_row_group(
+                r, columns=self.columns, use_threads=False)
+        if table.num_rows != self._rows[b]:
+            raise StoreError(f"{where} is corrupted: it decodes to {table.num_rows} rows, its footer says {self._rows[b]}")
+        return Rows(table)
+
+    # -- description -----------------------------------------------------------------------------
+    def fingerprint_identity(self) -> dict:
+        """The files' names (relative to a folder given), sizes, row groups' rows and selected
+        columns; with ``strict`` their modification times (URLs: ETags) too: no data read."""
+        return {"files": self.names, "bytes": self.sizes, "rows": self._files_rows, "columns": self.columns,
+                "stamps": [str(s) for s in self.stamps] if self.strict else None}
+
+    def nbytes(self) -> int:
+        """The size of the files, in bytes."""
+        return sum(self.sizes)
+
+    def describe(self) -> str:
+        return f"parquet({len(self.paths)} file{'s' * (len(self.paths) != 1)}, {len(self.columns)} columns)"
+
+
+def _chunk_range(col: Any, size: int, where: str) -> tuple[int, int]:
+    """The byte range of a column chunk, checked to lie inside the file (before its footer)."""
+    start = col.data_page_offset
+    if col.has_dictionary_page and col.dictionary_page_offset is not None and 0 < col.dictionary_page_offset < start:
+        start = col.dictionary_page_offset
+    stop = start + col.total_compressed_size
+    if not (4 <= start <= stop <= size - 8) or col.total_compressed_size < 0:
+        raise StoreError(f"{where} is corrupted: column {col.path_in_schema!r} says its bytes are {start} to {stop}, "
+                         f"outside the file's data (bytes 4 to {size - 8})")
+    return start, stop
+
+
+def parquet(paths: Any, *, columns: Sequence[str] | None = None, cache: int = 4, storage_options: dict | None = None,
+            block_cache: int = 64 * 2**20, cache_dir: str | os.PathLike | None = None, cache_dir_bytes: int | None = None,
+            timeout: float = 30.0, strict: bool = True) -> Parquet:
+    """The rows of Parquet files as a random-access view of dicts ``{column: value}``.
+
+    ``paths``: a path or URL, a list of them, or a folder or URL prefix (every ``*.parquet`` under
+    it, by relative path; hidden names such as ``_SUCCESS``, ``_metadata`` and ``.crc`` files
+    skipped). ``columns``: the top-level columns to read (default all), kept in schema order.
+    Values follow :mod:`lazyseq.formats.values` (numbers as numpy scalars, lists of numbers as
+    1-D arrays, strings, bytes, dicts, None) and equal ``pyarrow.parquet.read_table``'s rows.
+
+    A read decodes the row group that holds the row (``cache`` of them kept per process); ``.cuts``
+    gives ``block_shuffle`` its blocks, one per row group. ``storage_options``, ``block_cache``,
+    ``cache_dir``, ``cache_dir_bytes`` and ``timeout`` are those of :func:`lazyseq.load` for URLs.
+    The view pickles without data (a worker opens the files itself and refuses them if they
+    changed); its fingerprint holds the files' names, sizes and rows, and with ``strict`` (the
+    default) their modification times or ETags: ``strict=False`` lets a resume run over a copy.
+    Needs pyarrow (``pip install 'lazyseq[parquet]'``).
+
+    >>> import os, tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> d = tempfile.mkdtemp()
+    >>> pq.write_table(pa.table({"x": [1, 2, 3], "s": ["a", "b", None]}), os.path.join(d, "a.parquet"), row_group_size=2)
+    >>> v = parquet(d)
+    >>> len(v), v[2], v.cuts
+    (3, {'x': np.int64(3), 's': None}, [2])
+    """
+    settings = {"storage_options": storage_options, "block_cache": block_cache, "cache_dir": cache_dir,
+                "cache_dir_bytes": cache_dir_bytes, "timeout": timeout}
+    return Parquet(paths, columns, cache, settings, strict)

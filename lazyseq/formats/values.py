@@ -1,0 +1,177 @@
+"""Arrow columns as the values of a row: how every format of this package turns a decoded block
+(a Parquet row group, an Arrow record batch, a Lance take) into items.
+
+A block is converted once, column by column, into *getters* (``getter(j)`` is row ``j``'s value);
+an item is then a dict built from them, with no Arrow object per value:
+
+- integers, floats, bools: numpy scalars of the column's type (``np.int64(3)``);
+- lists (variable or fixed size) of numbers without nulls: 1-D numpy arrays, read-only views of
+  the decoded block (no copy); other lists: Python lists of their values by these rules;
+- strings: ``str``; binary: ``bytes``; structs: dicts by these rules; nulls: ``None``;
+- dictionary-encoded columns: the values they encode; extension types (an HF ``Array2D``, a
+  ``uuid``): their storage, so nothing registered by another library decides what is read;
+- any other type (timestamps, decimals, maps): the Python value pyarrow gives (``.as_py()``).
+
+>>> import pyarrow as pa
+>>> b = pa.record_batch({"x": [1, None], "t": ["a", "bc"], "v": [[1.0, 2.0], []]})
+>>> rows = Rows(b)
+>>> rows.row(0)
+{'x': np.int64(1), 't': 'a', 'v': array([1., 2.])}
+>>> rows.row(1)["x"] is None, rows.row(1)["v"].shape
+(True, (0,))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Rows", "getter"]
+
+Getter = Callable[[int], Any]
+
+
+def _pa() -> Any:
+    import pyarrow as pa
+
+    return pa
+
+
+def _numeric(t: Any) -> bool:
+    pa = _pa()
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+def _valid(arr: Any) -> np.ndarray | None:
+    """Row ``j`` is not null where the result is True; None when no row is null."""
+    return arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else None
+
+
+def _with_nulls(arr: Any, get: Getter) -> Getter:
+    valid = _valid(arr)
+    if valid is None:
+        return get
+    return lambda j: get(j) if valid[j] else None
+
+
+def _numbers(arr: Any) -> np.ndarray:
+    """The values of a numeric array as numpy, nulls as zeros (the getter answers None for them)."""
+    if arr.null_count:
+        arr = arr.fill_null(False if _pa().types.is_boolean(arr.type) else 0)
+    out = arr.to_numpy(zero_copy_only=False)
+    out.flags.writeable = False  # a view of the decoded block, which other reads share
+    return out
+
+
+def _offsets(arr: Any) -> np.ndarray:
+    """The ``len + 1`` offsets of a variable-size array (strings, binary, lists), its slice applied."""
+    pa = _pa()
+    wide = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type) or pa.types.is_large_list(arr.type)
+    return np.frombuffer(arr.buffers()[1], np.int64 if wide else np.int32, len(arr) + 1, arr.offset * (8 if wide else 4))
+
+
+def _text(arr: Any, as_str: bool) -> Getter:
+    data = arr.buffers()[2]
+    data = memoryview(data) if data is not None else memoryview(b"")
+    off = _offsets(arr).tolist()  # Python ints: a slice of a memoryview by numpy ints costs more
+    if as_str:
+        return _with_nulls(arr, lambda j: str(data[off[j] : off[j + 1]], "utf-8"))
+    return _with_nulls(arr, lambda j: bytes(data[off[j] : off[j + 1]]))
+
+
+def _fixed_binary(arr: Any) -> Getter:
+    w, data = arr.type.byte_width, arr.buffers()[1]
+    data, base = (memoryview(data) if data is not None else memoryview(b"")), arr.offset * arr.type.byte_width
+    return _with_nulls(arr, lambda j: bytes(data[base + j * w : base + (j + 1) * w]))
+
+
+def _list(arr: Any) -> Getter:
+    pa = _pa()
+    if pa.types.is_fixed_size_list(arr.type):
+        w = arr.type.list_size
+        values = arr.values.slice(arr.offset * w, len(arr) * w)
+        off = None
+    else:
+        values, off = arr.values, _offsets(arr).tolist()
+    if _numeric(_storage_type(values.type)) and not _storage(values).null_count:
+        flat = _numbers(_storage(values))
+        get = (lambda j: flat[j * w : (j + 1) * w]) if off is None else (lambda j: flat[off[j] : off[j + 1]])
+    else:
+        inner = getter(values)
+        get = ((lambda j: [inner(k) for k in range(j * w, (j + 1) * w)]) if off is None
+               else (lambda j: [inner(k) for k in range(off[j], off[j + 1])]))
+    return _with_nulls(arr, get)
+
+
+def _struct(arr: Any) -> Getter:
+    fields = [(arr.type.field(k).name, getter(arr.field(k))) for k in range(arr.type.num_fields)]
+    return _with_nulls(arr, lambda j: {name: get(j) for name, get in fields})
+
+
+def _dictionary(arr: Any) -> Getter:
+    codes, values = _numbers(arr.indices), getter(arr.dictionary)
+    return _with_nulls(arr, lambda j: values(int(codes[j])))
+
+
+def _storage(arr: Any) -> Any:
+    while isinstance(arr.type, _pa().BaseExtensionType):
+        arr = arr.storage
+    return arr
+
+
+def _storage_type(t: Any) -> Any:
+    while isinstance(t, _pa().BaseExtensionType):
+        t = t.storage_type
+    return t
+
+
+def getter(arr: Any) -> Getter:
+    """``get(j)``: row ``j`` of the Arrow array ``arr`` (a ChunkedArray is combined first) as this
+    module's rules say."""
+    pa = _pa()
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    arr = _storage(arr)
+    t = arr.type
+    if pa.types.is_null(t):
+        return lambda j: None
+    if _numeric(t):
+        values = _numbers(arr)
+        return _with_nulls(arr, values.__getitem__)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return _text(arr, True)
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return _text(arr, False)
+    if pa.types.is_fixed_size_binary(t) and not pa.types.is_decimal(t):
+        return _fixed_binary(arr)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _list(arr)
+    if pa.types.is_struct(t):
+        return _struct(arr)
+    if pa.types.is_dictionary(t):
+        return _dictionary(arr)
+    return lambda j: arr[j].as_py()  # timestamps, decimals, maps, views, unions: as pyarrow gives them
+
+
+class Rows:
+    """The rows of a decoded block (an Arrow Table or RecordBatch) as dicts ``{column: value}``, in
+    the block's column order: ``row(j)``, ``rows(js)``. Built once per block, read many times."""
+
+    __slots__ = ("names", "getters", "n")
+
+    def __init__(self, block: Any):
+        self.names = list(block.schema.names)
+        self.getters = [getter(block.column(k)) for k in range(block.num_columns)]
+        self.n = block.num_rows
+
+    def __len__(self) -> int:
+        return self.n
+
+    def row(self, j: int) -> dict:
+        return {name: get(j) for name, get in zip(self.names, self.getters)}
+
+    def rows(self, js: Sequence[int]) -> list[dict]:
+        names, getters = self.names, self.getters
+        return [{name: get(j) for name, get in zip(names, getters)} for j in js]
