@@ -22,6 +22,7 @@ from typing import Any
 from ..errors import StoreError
 from ..files.remote import check_settings
 from .blocks import Blocks
+from .footer import MAX_FOOTER, parse
 from .sources import Opened, Remotes, list_files, need, open_source, reader_errors, shown
 from .values import Rows
 
@@ -29,15 +30,16 @@ __all__ = ["parquet", "Parquet"]
 
 WHAT = "a Parquet file"
 FOOTER_THREADS = 16  # footers read at once when a view opens many files
+TAIL = 64 * 2**10  # the last bytes read first: the footer of most files (one request over a URL)
 
 
-def _leaves(md: Any, names: Sequence[str]) -> list[int]:
-    """The Parquet leaf columns of the top-level fields ``names``."""
+def _leaves(md: Any, names: Sequence[str]) -> list[tuple[int, bool]]:
+    """``(leaf column, repeated)`` of the Parquet leaf columns of the top-level fields ``names``."""
     out = []
     for c in range(md.num_columns):
-        path = md.schema.column(c).path
-        if any(path == n or path.startswith(n + ".") for n in names):
-            out.append(c)
+        col = md.schema.column(c)
+        if any(col.path == n or col.path.startswith(n + ".") for n in names):
+            out.append((c, col.max_repetition_level > 0))
     return out
 
 
@@ -45,7 +47,7 @@ class Parquet(Blocks):
     """Rows of Parquet files: see :func:`parquet`."""
 
     checks_keys = False
-    _transient = ("_opened", "_remotes")
+    _transient = ("_opened", "_remotes", "_plans")
 
     def __init__(self, paths: Any, columns: Sequence[str] | None, cache: int, settings: dict, strict: bool):
         need("pyarrow.parquet", "parquet", "lazyseq.parquet")
@@ -56,34 +58,40 @@ class Parquet(Blocks):
         self._remotes = Remotes(self.settings)
         files = list_files(paths, (".parquet",), "lazyseq.parquet", self._remotes)
         self.names, self.paths = [n for n, _ in files], [p for _, p in files]
-        self._opened: dict[int, tuple[Opened, Any]] = {}
+        self._opened: dict[int, tuple[Opened, Any, list]] = {}
+        self._plans: dict[int, list[tuple[int, bool]]] = {}  # file -> its selected leaf columns (per process)
         with concurrent.futures.ThreadPoolExecutor(min(FOOTER_THREADS, len(self.paths))) as pool:
             footers = list(pool.map(self._open, range(len(self.paths))))
-        self.sizes = [o.size for o, _ in footers]
-        self.stamps = [o.stamp for o, _ in footers]
-        self.schema, self.columns = self._select(columns, [md for _, md in footers])
-        self._files_rows = [[md.row_group(r).num_rows for r in range(md.num_row_groups)] for _, md in footers]
+        self.sizes = [o.size for o, _, _ in footers]
+        self.stamps = [o.stamp for o, _, _ in footers]
+        self.schema, self.columns = self._select(columns, [md for _, md, _ in footers])
+        self._files_rows = [[md.row_group(r).num_rows for r in range(md.num_row_groups)] for _, md, _ in footers]
         self._block_of = [(k, r) for k, rows in enumerate(self._files_rows) for r in range(len(rows))]
         self._set_blocks([n for rows in self._files_rows for n in rows], cache)
 
     # -- files -----------------------------------------------------------------------------------
-    def _open(self, k: int) -> tuple[Opened, Any]:
-        """File ``k`` opened in this process, its footer read and checked."""
+    def _open(self, k: int) -> tuple[Opened, Any, list]:
+        """File ``k`` opened in this process: ``(opened, pyarrow metadata, column chunks' facts)``,
+        its footer read and checked by :mod:`.footer` before pyarrow parses what is left of it."""
         got = self._opened.get(k)
         if got is not None:
             return got
         path = self.paths[k]
         opened = open_source(path, WHAT, self._remotes)
-        pq = need("pyarrow.parquet", "parquet", "lazyseq.parquet")
+        rows, chunks, small = _footer(opened, shown(path))
         with reader_errors(f"{shown(path)} ({WHAT}): its footer"):
-            md = pq.ParquetFile(opened.source(), pre_buffer=False).metadata
-        rows = [md.row_group(r).num_rows for r in range(md.num_row_groups)]
-        if any(n < 0 for n in rows) or md.num_rows != sum(rows):
-            raise StoreError(f"{shown(path)} ({WHAT}) is corrupted: its footer says {md.num_rows} rows, its "
-                             f"{len(rows)} row groups hold {sum(rows) if min(rows, default=0) >= 0 else 'a negative number of'}")
+            md = need("pyarrow.parquet", "parquet", "lazyseq.parquet").read_metadata(
+                need("pyarrow", "parquet", "lazyseq.parquet").BufferReader(small))
+        if md.num_row_groups != len(rows) or any(md.row_group(r).num_rows != n for r, n in enumerate(rows)):
+            raise StoreError(f"{shown(path)} ({WHAT}) is corrupted: pyarrow reads its footer otherwise")
+        leaves = [md.schema.column(c).path for c in range(md.num_columns)]
+        for r, group in enumerate(chunks):
+            if [c[0] for c in group] != leaves:
+                raise StoreError(f"{shown(path)} ({WHAT}) is corrupted: row group {r} holds the column chunks "
+                                 f"{_short([c[0] for c in group])}, its schema the columns {_short(leaves)}")
         if hasattr(self, "sizes"):  # reopened (in a worker): the file the view was made from, or an error
             self._check_same(k, opened, rows)
-        return self._opened.setdefault(k, (opened, md))
+        return self._opened.setdefault(k, (opened, md, chunks))
 
     def _check_same(self, k: int, opened: Opened, rows: list[int]) -> None:
         same = opened.size == self.sizes[k] and rows == self._files_rows[k]
@@ -95,7 +103,7 @@ class Parquet(Blocks):
                              "view again over the files as they are now")
 
     def _reopen(self) -> None:
-        self._opened, self._remotes = {}, Remotes(self.settings)
+        self._opened, self._remotes, self._plans = {}, Remotes(self.settings), {}
 
     def _select(self, columns: Sequence[str] | None, footers: list) -> tuple[Any, list[str]]:
         """The schema of the selected columns (every file's, checked alike) and their names in schema order."""
@@ -127,18 +135,25 @@ class Parquet(Blocks):
     # -- blocks ----------------------------------------------------------------------------------
     def _decode(self, b: int) -> Rows:
         k, r = self._block_of[b]
-        opened, md = self._open(k)
+        opened, md, chunks = self._open(k)
         where = f"{shown(self.paths[k])} ({WHAT}), row group {r}"
-        group = md.row_group(r)
         ranges = []
-        for c in _leaves(md, self.columns):
-            ranges.append(_chunk_range(group.column(c), opened.size, where))
+        plan = self._plans.get(k)
+        if plan is None:
+            plan = self._plans[k] = _leaves(md, self.columns)
+        for c, repeated in plan:
+            path, data, dictionary, nbytes, values = chunks[r][c]
+            ranges.append(_chunk_range(path, data, dictionary, nbytes, opened.size, where))
+            if not repeated and values != self._rows[b]:
+                raise StoreError(f"{where} is corrupted: column {path!r} holds {values} values, the row group "
+                                 f"{self._rows[b]} rows")
         pq = need("pyarrow.parquet", "parquet", "lazyseq.parquet")
         held = (opened.remote.remote.holding([opened.remote.request(a, z) for a, z in ranges if z > a])
                 if opened.remote is not None else contextlib.nullcontext())
         with held, reader_errors(where):
             table = pq.ParquetFile(opened.source(), metadata=md, pre_buffer=False).read_row_group(
                 r, columns=self.columns, use_threads=False)
+            table.validate(full=True)  # offsets inside their buffers, UTF-8 strings: pyarrow's decoder checks neither
         if table.num_rows != self._rows[b]:
             raise StoreError(f"{where} is corrupted: it decodes to {table.num_rows} rows, its footer says {self._rows[b]}")
         return Rows(table)
@@ -158,15 +173,34 @@ class Parquet(Blocks):
         return f"parquet({len(self.paths)} file{'s' * (len(self.paths) != 1)}, {len(self.columns)} columns)"
 
 
-def _chunk_range(col: Any, size: int, where: str) -> tuple[int, int]:
-    """The byte range of a column chunk, checked to lie inside the file (before its footer)."""
-    start = col.data_page_offset
-    if col.has_dictionary_page and col.dictionary_page_offset is not None and 0 < col.dictionary_page_offset < start:
-        start = col.dictionary_page_offset
-    stop = start + col.total_compressed_size
-    if not (4 <= start <= stop <= size - 8) or col.total_compressed_size < 0:
-        raise StoreError(f"{where} is corrupted: column {col.path_in_schema!r} says its bytes are {start} to {stop}, "
-                         f"outside the file's data (bytes 4 to {size - 8})")
+def _short(names: list[str]) -> str:
+    text = repr(names)
+    return text if len(text) <= 200 else text[:200] + "...]"
+
+
+def _footer(opened: Opened, name: str) -> tuple[list[int], list, bytes]:
+    """The footer of a Parquet file, its length checked against the file before it is read."""
+    size = opened.size
+    if size < 12 or opened.read(0, 4) != b"PAR1":
+        raise StoreError(f"{name} ({WHAT}) is not a Parquet file: it does not start with PAR1 ({size} bytes)")
+    tail = opened.read(max(0, size - TAIL), size)
+    n = int.from_bytes(tail[-8:-4], "little")
+    if tail[-4:] != b"PAR1" or n > size - 12 or n > MAX_FOOTER:
+        raise StoreError(f"{name} ({WHAT}) is not a Parquet file, or is truncated: its footer "
+                         f"{'does not end with PAR1' if tail[-4:] != b'PAR1' else f'says it takes {n} bytes of {size}'}")
+    meta = tail[-8 - n : -8] if n + 8 <= len(tail) else opened.read(size - 8 - n, size - 8)
+    return parse(meta, f"{name}")
+
+
+def _chunk_range(path: str, data: int, dictionary: int | None, nbytes: int, size: int, where: str) -> tuple[int, int]:
+    """The byte range of a column chunk (from its dictionary page, if any), every offset checked to
+    lie inside the file's data (after the leading magic, before the footer)."""
+    offsets = [data] if dictionary is None else [data, dictionary]
+    start, stop = min(offsets), min(offsets) + nbytes
+    if not (4 <= start and max(offsets) < stop <= size - 8):
+        raise StoreError(f"{where} is corrupted: column {path!r} says its pages start at "
+                         f"{', '.join(map(str, offsets))} and take {nbytes} bytes, outside the file's "
+                         f"data (bytes 4 to {size - 8})")
     return start, stop
 
 

@@ -136,6 +136,10 @@ class Opened:
     buffer: Any = None
     remote: RemoteFile | None = None
 
+    def read(self, a: int, b: int) -> bytes:
+        """Bytes ``a`` to ``b`` (inside the file: the caller checked)."""
+        return bytes(self.buffer[a:b]) if self.remote is None else self.remote.read(a, b)
+
     def source(self) -> Any:
         """A new pyarrow file over these bytes (cheap: made per decode, so threads share nothing)."""
         pa = need("pyarrow", "parquet", "reading Arrow data")
