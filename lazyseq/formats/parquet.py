@@ -22,7 +22,7 @@ from typing import Any
 from ..errors import StoreError
 from ..files.remote import check_settings
 from .blocks import Blocks
-from .footer import MAX_FOOTER, parse
+from .footer import MAX_FOOTER, Chunk, Footer, parse
 from .sources import Opened, Remotes, list_files, need, open_source, reader_errors, shown
 from .values import Rows
 
@@ -58,7 +58,7 @@ class Parquet(Blocks):
         self._remotes = Remotes(self.settings)
         files = list_files(paths, (".parquet",), "lazyseq.parquet", self._remotes)
         self.names, self.paths = [n for n, _ in files], [p for _, p in files]
-        self._opened: dict[int, tuple[Opened, Any, list]] = {}
+        self._opened: dict[int, tuple[Opened, Any, Footer]] = {}
         self._plans: dict[int, list[tuple[int, bool]]] = {}  # file -> its selected leaf columns (per process)
         with concurrent.futures.ThreadPoolExecutor(min(FOOTER_THREADS, len(self.paths))) as pool:
             footers = list(pool.map(self._open, range(len(self.paths))))
@@ -70,7 +70,7 @@ class Parquet(Blocks):
         self._set_blocks([n for rows in self._files_rows for n in rows], cache)
 
     # -- files -----------------------------------------------------------------------------------
-    def _open(self, k: int) -> tuple[Opened, Any, list]:
+    def _open(self, k: int) -> tuple[Opened, Any, Footer]:
         """File ``k`` opened in this process: ``(opened, pyarrow metadata, column chunks' facts)``,
         its footer read and checked by :mod:`.footer` before pyarrow parses what is left of it."""
         got = self._opened.get(k)
@@ -78,20 +78,21 @@ class Parquet(Blocks):
             return got
         path = self.paths[k]
         opened = open_source(path, WHAT, self._remotes)
-        rows, chunks, small = _footer(opened, shown(path))
+        foot = _footer(opened, shown(path))
+        rows, chunks = foot.rows, foot.chunks
         with reader_errors(f"{shown(path)} ({WHAT}): its footer"):
             md = need("pyarrow.parquet", "parquet", "lazyseq.parquet").read_metadata(
-                need("pyarrow", "parquet", "lazyseq.parquet").BufferReader(small))
+                need("pyarrow", "parquet", "lazyseq.parquet").BufferReader(foot.small))
         if md.num_row_groups != len(rows) or any(md.row_group(r).num_rows != n for r, n in enumerate(rows)):
             raise StoreError(f"{shown(path)} ({WHAT}) is corrupted: pyarrow reads its footer otherwise")
         leaves = [md.schema.column(c).path for c in range(md.num_columns)]
         for r, group in enumerate(chunks):
-            if [c[0] for c in group] != leaves:
+            if [c.path for c in group] != leaves:
                 raise StoreError(f"{shown(path)} ({WHAT}) is corrupted: row group {r} holds the column chunks "
-                                 f"{_short([c[0] for c in group])}, its schema the columns {_short(leaves)}")
+                                 f"{_short([c.path for c in group])}, its schema the columns {_short(leaves)}")
         if hasattr(self, "sizes"):  # reopened (in a worker): the file the view was made from, or an error
             self._check_same(k, opened, rows)
-        return self._opened.setdefault(k, (opened, md, chunks))
+        return self._opened.setdefault(k, (opened, md, foot))
 
     def _check_same(self, k: int, opened: Opened, rows: list[int]) -> None:
         same = opened.size == self.sizes[k] and rows == self._files_rows[k]
@@ -135,17 +136,17 @@ class Parquet(Blocks):
     # -- blocks ----------------------------------------------------------------------------------
     def _decode(self, b: int) -> Rows:
         k, r = self._block_of[b]
-        opened, md, chunks = self._open(k)
+        opened, md, foot = self._open(k)
         where = f"{shown(self.paths[k])} ({WHAT}), row group {r}"
         ranges = []
         plan = self._plans.get(k)
         if plan is None:
             plan = self._plans[k] = _leaves(md, self.columns)
         for c, repeated in plan:
-            path, data, dictionary, nbytes, values = chunks[r][c]
-            ranges.append(_chunk_range(path, data, dictionary, nbytes, opened.size, where))
-            if not repeated and values != self._rows[b]:
-                raise StoreError(f"{where} is corrupted: column {path!r} holds {values} values, the row group "
+            chunk = foot.chunks[r][c]
+            ranges.append(_chunk_range(chunk, opened.size, where))
+            if not repeated and chunk.values != self._rows[b]:
+                raise StoreError(f"{where} is corrupted: column {chunk.path!r} holds {chunk.values} values, the row group "
                                  f"{self._rows[b]} rows")
         pq = need("pyarrow.parquet", "parquet", "lazyseq.parquet")
         held = (opened.remote.remote.holding([opened.remote.request(a, z) for a, z in ranges if z > a])
@@ -178,7 +179,7 @@ def _short(names: list[str]) -> str:
     return text if len(text) <= 200 else text[:200] + "...]"
 
 
-def _footer(opened: Opened, name: str) -> tuple[list[int], list, bytes]:
+def _footer(opened: Opened, name: str) -> Footer:
     """The footer of a Parquet file, its length checked against the file before it is read."""
     size = opened.size
     if size < 12 or opened.read(0, 4) != b"PAR1":
@@ -192,14 +193,14 @@ def _footer(opened: Opened, name: str) -> tuple[list[int], list, bytes]:
     return parse(meta, f"{name}")
 
 
-def _chunk_range(path: str, data: int, dictionary: int | None, nbytes: int, size: int, where: str) -> tuple[int, int]:
+def _chunk_range(chunk: Chunk, size: int, where: str) -> tuple[int, int]:
     """The byte range of a column chunk (from its dictionary page, if any), every offset checked to
     lie inside the file's data (after the leading magic, before the footer)."""
-    offsets = [data] if dictionary is None else [data, dictionary]
-    start, stop = min(offsets), min(offsets) + nbytes
+    offsets = [chunk.data] if chunk.dictionary is None else [chunk.data, chunk.dictionary]
+    start, stop = min(offsets), min(offsets) + chunk.nbytes
     if not (4 <= start and max(offsets) < stop <= size - 8):
-        raise StoreError(f"{where} is corrupted: column {path!r} says its pages start at "
-                         f"{', '.join(map(str, offsets))} and take {nbytes} bytes, outside the file's "
+        raise StoreError(f"{where} is corrupted: column {chunk.path!r} says its pages start at "
+                         f"{', '.join(map(str, offsets))} and take {chunk.nbytes} bytes, outside the file's "
                          f"data (bytes 4 to {size - 8})")
     return start, stop
 
