@@ -134,15 +134,18 @@ def test_extension_types_are_read_as_their_storage_never_loaded(tmp_path):
 FUZZ = textwrap.dedent("""
     import io, os, sys, numpy as np, pyarrow as pa, pyarrow.parquet as pq
     import lazyseq
+    import lazyseq.formats.parquet as P
     from lazyseq import StoreError, EvaluationError
     d, cases = sys.argv[1], int(sys.argv[2])
     rng = np.random.default_rng(int(sys.argv[3]))
     t = pa.table({"a": np.arange(60, dtype=np.int32), "s": [f"v{i}" * (i % 4) for i in range(60)],
                   "l": [[float(i)] * (i % 3) for i in range(60)], "n": [None if i % 5 else i for i in range(60)]})
     sources = []
-    for kw in ({}, {"compression": "zstd"}, {"use_dictionary": False, "write_page_index": True}, {"compression": "none"}):
+    for kw in ({"write_page_index": True, "data_page_size": 64}, {"compression": "zstd"},
+               {"use_dictionary": False, "write_page_index": True, "data_page_size": 64}, {"compression": "none"}):
         buf = io.BytesIO(); pq.write_table(t, buf, row_group_size=25, **kw); sources.append(buf.getvalue())
     for case in range(cases):
+        P.PAGE_READS = 0 if case % 8 < 4 else 1 << 60  # single reads from pages (offset indexes read), or row groups
         data = bytearray(sources[case % len(sources)])
         n = len(data)
         foot = n - 8 - int.from_bytes(data[-8:-4], "little")

@@ -89,6 +89,10 @@ class DecodedCache:
         if self.last[0] == key:
             self.last = (None, None)
 
+    def has(self, key: Hashable) -> bool:
+        """Whether block ``key`` is decoded in memory now (no lock: a hint, true a moment ago)."""
+        return self._fork == _forks[0] and key in self._held
+
     def held(self) -> list:
         """The keys of the blocks in memory, least recently used first."""
         self.fresh()

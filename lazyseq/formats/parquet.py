@@ -23,6 +23,7 @@ from ..errors import StoreError
 from ..files.remote import check_settings
 from .blocks import Blocks
 from .footer import MAX_FOOTER, Chunk, Footer, parse
+from .pages import PageReader, simple
 from .sources import Opened, Remotes, list_files, need, open_source, reader_errors, shown
 from .values import Rows
 
@@ -30,24 +31,29 @@ __all__ = ["parquet", "Parquet"]
 
 WHAT = "a Parquet file"
 FOOTER_THREADS = 16  # footers read at once when a view opens many files
+PAGES_PER_COLUMN = 4  # decoded pages kept per selected column and per row group of `cache`
+PAGE_READS = 4 * 2**20  # local files: single reads go page by page in row groups of this many bytes (selected) or more
 TAIL = 64 * 2**10  # the last bytes read first: the footer of most files (one request over a URL)
 
 
-def _leaves(md: Any, names: Sequence[str]) -> list[tuple[int, bool]]:
-    """``(leaf column, repeated)`` of the Parquet leaf columns of the top-level fields ``names``."""
-    out = []
+def _plan(md: Any, names: Sequence[str]) -> list[tuple[str, int, list[tuple[int, bool]]]]:
+    """``(name, position among the file's top-level fields, [(leaf column, repeated)])`` of each
+    selected column."""
+    top = md.schema.to_arrow_schema().names
+    leaves: dict[str, list[tuple[int, bool]]] = {n: [] for n in names}
     for c in range(md.num_columns):
         col = md.schema.column(c)
-        if any(col.path == n or col.path.startswith(n + ".") for n in names):
-            out.append((c, col.max_repetition_level > 0))
-    return out
+        for n in names:
+            if col.path == n or col.path.startswith(n + "."):
+                leaves[n].append((c, col.max_repetition_level > 0))
+    return [(n, top.index(n), leaves[n]) for n in names]
 
 
 class Parquet(Blocks):
     """Rows of Parquet files: see :func:`parquet`."""
 
     checks_keys = False
-    _transient = ("_opened", "_remotes", "_plans")
+    _transient = ("_opened", "_remotes", "_plans", "_pages")
 
     def __init__(self, paths: Any, columns: Sequence[str] | None, cache: int, settings: dict, strict: bool):
         need("pyarrow.parquet", "parquet", "lazyseq.parquet")
@@ -59,7 +65,8 @@ class Parquet(Blocks):
         files = list_files(paths, (".parquet",), "lazyseq.parquet", self._remotes)
         self.names, self.paths = [n for n, _ in files], [p for _, p in files]
         self._opened: dict[int, tuple[Opened, Any, Footer]] = {}
-        self._plans: dict[int, list[tuple[int, bool]]] = {}  # file -> its selected leaf columns (per process)
+        self._plans: dict[int, list] = {}  # file -> its selected columns' leaves (per process): _plan
+        self._pages: PageReader | None = None  # single reads from pages where files have an offset index
         with concurrent.futures.ThreadPoolExecutor(min(FOOTER_THREADS, len(self.paths))) as pool:
             footers = list(pool.map(self._open, range(len(self.paths))))
         self.sizes = [o.size for o, _, _ in footers]
@@ -68,6 +75,7 @@ class Parquet(Blocks):
         self._files_rows = [[md.row_group(r).num_rows for r in range(md.num_row_groups)] for _, md, _ in footers]
         self._block_of = [(k, r) for k, rows in enumerate(self._files_rows) for r in range(len(rows))]
         self._set_blocks([n for rows in self._files_rows for n in rows], cache)
+        self._simple = [simple(self.schema.field(n).type) for n in self.columns]  # columns a page can answer for
 
     # -- files -----------------------------------------------------------------------------------
     def _open(self, k: int) -> tuple[Opened, Any, Footer]:
@@ -104,12 +112,17 @@ class Parquet(Blocks):
                              "view again over the files as they are now")
 
     def _reopen(self) -> None:
-        self._opened, self._remotes, self._plans = {}, Remotes(self.settings), {}
+        self._opened, self._remotes, self._plans, self._pages = {}, Remotes(self.settings), {}, None
 
     def _select(self, columns: Sequence[str] | None, footers: list) -> tuple[Any, list[str]]:
         """The schema of the selected columns (every file's, checked alike) and their names in schema order."""
         with reader_errors(f"{shown(self.paths[0])} ({WHAT}): its schema"):
             schemas = [md.schema.to_arrow_schema() for md in footers]
+        for k, schema in enumerate(schemas):
+            twice = sorted({n for n in schema.names if schema.names.count(n) > 1})
+            if twice:
+                raise StoreError(f"{shown(self.paths[k])} ({WHAT}) has more than one column named {twice[0]!r}: rewrite "
+                                 "it with distinct column names")
         first = schemas[0]
         if columns is None:
             names = list(first.names)
@@ -134,15 +147,47 @@ class Parquet(Blocks):
         return need("pyarrow", "parquet", "lazyseq.parquet").schema([first.field(n) for n in names]), names
 
     # -- blocks ----------------------------------------------------------------------------------
+    def _plan(self, k: int, md: Any) -> list:
+        plan = self._plans.get(k)
+        if plan is None:
+            plan = self._plans[k] = _plan(md, self.columns)
+        return plan
+
+    def _get(self, i: int) -> Any:
+        b, j = self._where(i)
+        last = self._decoded.last
+        if last[0] == b and self._decoded.fresh():  # a run of reads in one row group takes no lock
+            return last[1].row(j)
+        del last  # not held while another block is decoded
+        if not self._decoded.has(b):
+            row = self._from_pages(b, j)
+            if row is not None:
+                return row
+        return self._block(b).row(j)
+
+    def _from_pages(self, b: int, j: int) -> dict | None:
+        """Row ``j`` of block ``b`` from the one page of each column that holds it, or None where a
+        column cannot be read so (:mod:`.pages`)."""
+        k, r = self._block_of[b]
+        opened, md, foot = self._open(k)
+        plan = self._plan(k, md)
+        if not all(ok and len(leaves) == 1 and foot.chunks[r][leaves[0][0]].index is not None
+                   for ok, (_, _, leaves) in zip(self._simple, plan)):
+            return None
+        if opened.remote is None and sum(foot.chunks[r][c].nbytes for _, _, leaves in plan for c, _ in leaves) < PAGE_READS:
+            return None  # a small row group of a local file decodes faster whole than page by page
+        if self._pages is None:
+            self._pages = PageReader(PAGES_PER_COLUMN * self.cache * max(1, len(self.columns)))
+        where = f"{shown(self.paths[k])} ({WHAT}), row group {r}"
+        return {name: self._pages.value(opened, foot, (k, r, leaves[0][0]), pos, self._rows[b], j, where)
+                for name, pos, leaves in plan}
+
     def _decode(self, b: int) -> Rows:
         k, r = self._block_of[b]
         opened, md, foot = self._open(k)
         where = f"{shown(self.paths[k])} ({WHAT}), row group {r}"
         ranges = []
-        plan = self._plans.get(k)
-        if plan is None:
-            plan = self._plans[k] = _leaves(md, self.columns)
-        for c, repeated in plan:
+        for c, repeated in [leaf for _, _, leaves in self._plan(k, md) for leaf in leaves]:
             chunk = foot.chunks[r][c]
             ranges.append(_chunk_range(chunk, opened.size, where))
             if not repeated and chunk.values != self._rows[b]:

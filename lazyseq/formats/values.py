@@ -5,8 +5,9 @@ A block is converted once, column by column, into *getters* (``getter(j)`` is ro
 an item is then a dict built from them, with no Arrow object per value:
 
 - integers, floats, bools: numpy scalars of the column's type (``np.int64(3)``);
-- lists (variable or fixed size) of numbers without nulls: 1-D numpy arrays, read-only views of
-  the decoded block (no copy); other lists: Python lists of their values by these rules;
+- lists (variable or fixed size) of numbers: 1-D numpy arrays, read-only views of the decoded
+  block (no copy); a list holding a null, and lists of other values: Python lists of their
+  values by these rules;
 - strings: ``str``; binary: ``bytes``; structs: dicts by these rules; nulls: ``None``;
 - dictionary-encoded columns: the values they encode; extension types (an HF ``Array2D``, a
   ``uuid``): their storage, so nothing registered by another library decides what is read;
@@ -88,21 +89,20 @@ def _fixed_binary(arr: Any) -> Getter:
 
 
 def _list(arr: Any) -> Getter:
-    pa = _pa()
-    if pa.types.is_fixed_size_list(arr.type):
+    if _pa().types.is_fixed_size_list(arr.type):
         w = arr.type.list_size
-        values = arr.values.slice(arr.offset * w, len(arr) * w)
-        off = None
+        values, off = arr.values.slice(arr.offset * w, len(arr) * w), range(0, (len(arr) + 1) * w, w)
     else:
         values, off = arr.values, _offsets(arr).tolist()
-    if _numeric(_storage_type(values.type)) and not _storage(values).null_count:
-        flat = _numbers(_storage(values))
-        get = (lambda j: flat[j * w : (j + 1) * w]) if off is None else (lambda j: flat[off[j] : off[j + 1]])
-    else:
-        inner = getter(values)
-        get = ((lambda j: [inner(k) for k in range(j * w, (j + 1) * w)]) if off is None
-               else (lambda j: [inner(k) for k in range(off[j], off[j + 1])]))
-    return _with_nulls(arr, get)
+    inner = getter(values)
+    if not _numeric(_storage_type(values.type)):
+        return _with_nulls(arr, lambda j: [inner(k) for k in range(off[j], off[j + 1])])
+    flat = _numbers(_storage(values))
+    if not _storage(values).null_count:
+        return _with_nulls(arr, lambda j: flat[off[j] : off[j + 1]])
+    holes = np.concatenate([[0], np.cumsum(~_valid(_storage(values)))]).tolist()  # null values before each
+    return _with_nulls(arr, lambda j: flat[off[j] : off[j + 1]] if holes[off[j + 1]] == holes[off[j]]
+                       else [inner(k) for k in range(off[j], off[j + 1])])  # a row holding a null: a list
 
 
 def _struct(arr: Any) -> Getter:
