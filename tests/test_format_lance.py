@@ -77,6 +77,16 @@ def test_items_equal_lances_take(ds):
     assert fresh.held() == [(3, 0), (0, 0)]  # windows: all the rows of a fragment here (fewer than WINDOW_ROWS)
 
 
+def test_a_window_of_big_rows_is_a_few_rows(tmp_path):
+    rng = np.random.default_rng(0)  # random bytes: Lance does not compress them
+    blobs = [rng.bytes(200_000) for _ in range(30)]  # 200 KB a row: about 5 rows in a 1 MiB window
+    ds = pylance.write_dataset(pa.table({"k": list(range(30)), "blob": blobs}), str(tmp_path / "big.lance"))
+    v = lance(ds.uri, cache=2)
+    assert 1 <= v.window <= 6
+    assert [(int(x["k"]), x["blob"]) for x in v] == list(enumerate(blobs))
+    assert v.held() == [(0, (29 // v.window) - 1), (0, 29 // v.window)]
+
+
 def test_columns_in_schema_order(ds):
     v = lance(ds.uri, columns=["s", "x"])
     assert list(v[7]) == ["x", "s"] and plain(v[8]) == {"x": 8, "s": "row 8 é"}
@@ -233,6 +243,14 @@ def test_a_data_file_not_as_listed(ds, tmp_path, harm):
     assert "fragment 2" in str(e.value) and os.path.basename(path) in str(e.value)
 
 
+def test_a_deletion_file_missing(ds):
+    ds.delete("x < 10")
+    m = pylance.dataset(ds.uri).get_fragments()[0].metadata
+    os.remove(os.path.join(ds.uri, m.deletion_file.path(m.id)))
+    with pytest.raises(StoreError, match="fragment 0: its deletion file .* is missing"):
+        lance(ds.uri)
+
+
 def test_a_manifest_cut_short(ds):
     versions = os.path.join(ds.uri, "_versions")
     for name in os.listdir(versions):
@@ -279,3 +297,8 @@ def test_on_s3(s3):
     assert v.fingerprint_identity()["dataset"] == "d.lance"
     with pytest.raises(FileNotFoundError, match="is missing"):
         lance(f"s3://{s3.bucket}/nothing.lance", storage_options=so)
+    key = f"d.lance/data/{ds.get_fragments()[1].metadata.files[0].path}"
+    body = s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
+    s3.client.put_object(Bucket=s3.bucket, Key=key, Body=body[:-100])  # cut short: Lance's ranged reads fail
+    err = raised_within(60, lambda: lance(uri, storage_options=so)._get_many([35]))
+    assert isinstance(err, StoreError) and "s3://" in str(err) and "1 row of fragment 1 is not valid" in str(err)
