@@ -202,3 +202,48 @@ def test_bench_remote(tmp_path):
     assert rows["(f) fsspec, whole shard per item"]["fetched_bytes_per_item"] > 100 * res["item_bytes"]
     t = res["targets"]["prefetch_vs_loop"]
     assert t["target"] == ">= 20.0" and t["met"] == (t["value"] >= 20)
+
+
+@pytest.mark.parametrize("hide_peers", [False, True], ids=["installed-peers", "no-peers"])
+def test_bench_formats(tmp_path, hide_peers):
+    """Issue #32's scenario: Parquet files read by lazyseq, pyarrow by hand and datasets (Ray: not in
+    --quick); every part's rows there, values checked by the bench itself, nothing left behind."""
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("fsspec")
+    pytest.importorskip("aiohttp")
+    import os
+    import tempfile
+
+    def bench_dirs():
+        return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("lazyseq-bench-formats-")}
+
+    before = bench_dirs()
+    res = run_bench("formats", tmp_path, hide_peers)
+    assert bench_dirs() == before
+    assert res["scenario"] == "formats" and res["quick"] is True and (res["rows"], res["files"]) == (2000, 2)
+    hf = res["datasets_installed"]
+    assert hf == (not hide_peers and importlib.util.find_spec("datasets") is not None)
+    readers = {"lazyseq", "pyarrow by hand, slice().to_pylist()", "pyarrow by hand, column[j].as_py()"}
+    readers |= {"datasets ds[i]"} if hf else set()
+    a = res["random"]["us_per_read"]
+    assert set(a) == {"random", "block_shuffle, window 8", "block_shuffle, window 4"}
+    assert all(set(row) == readers and min(row.values()) > 0 for row in a.values())
+    epoch = res["epoch"]["items_per_s"]
+    assert set(epoch) == {"pyarrow iter_batches, sequential", "lazyseq DataLoader, cache=4 (default)",
+                          "lazyseq DataLoader, cache=8"} | ({"datasets shuffle().iter, python",
+                                                             "datasets shuffle().iter, numpy"} if hf else set())
+    assert min(epoch.values()) > 0 and res["epoch"]["ray"] is None  # no Ray in --quick
+    c = res["remote"]
+    assert c["reads"] == 20 and c["server_exit_code"] == 0
+    for row in ("plain loop", "prefetch, 32 threads"):
+        assert c[row]["rows_per_s"] > 0 and c[row]["requests_per_read"] >= 1  # each read fetched its row group
+    d = res["arrow"]
+    assert ("us_per_read" in d) == ("skipped" not in d)
+    if not hf:
+        assert d["skipped"] == "datasets not installed"
+    t = res["targets"]
+    assert set(t) == {"random_vs_pyarrow", "random_vs_datasets", "epoch_vs_iter_batches", "epoch_vs_datasets",
+                      "epoch_vs_ray", "remote_prefetch_vs_loop", "arrow_vs_datasets"}
+    assert (t["random_vs_datasets"]["value"] is None) == (not hf) and t["epoch_vs_ray"]["value"] is None
+    for x in t.values():
+        assert {"value", "target", "met"} <= set(x) and (x["met"] is None) == (x["value"] is None)

@@ -10,7 +10,8 @@ import sys
 SCENARIOS = {"views": "lazyseq.bench.views", "prefetch": "lazyseq.bench.prefetch", "tensor": "lazyseq.bench.tensor",
              "dataloader": "lazyseq.bench.dataloader", "store": "lazyseq.bench.store",
              "memory": "lazyseq.bench.memory", "ray": "lazyseq.bench.cluster", "report": "lazyseq.bench.report",
-             "spdl": "lazyseq.bench.spdl", "tokens": "lazyseq.bench.tokens", "remote": "lazyseq.bench.remote"}
+             "spdl": "lazyseq.bench.spdl", "tokens": "lazyseq.bench.tokens", "remote": "lazyseq.bench.remote",
+             "formats": "lazyseq.bench.formats"}
 
 
 def main(argv: list[str] | None = None) -> int:

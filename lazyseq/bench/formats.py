@@ -1,0 +1,450 @@
+"""Data where it already lives (issue #32): ``lazyseq.parquet`` against pyarrow by hand, Hugging Face
+``datasets`` and Ray Data, in one run on one machine, over the same files: ROWS rows (an image-bytes
+column of ~3 KB, JPEG markers at both ends, random between; an int label; a short text) in FILES
+Parquet files with row groups of GROUP rows, written in a temporary directory (page cache: reads
+measure the readers, not the disk).
+
+- (a) single-row reads, us per read: ``parquet(dir)[i]`` (its default cache: 4 decoded row groups)
+  against pyarrow by hand with the same cache policy (the last 4 ``read_row_group(rg,
+  use_threads=False)`` tables kept, least recently used out; the row by ``table.slice(j,
+  1).to_pylist()[0]`` or by ``column[j].as_py()``: the faster is the peer) and ``datasets``
+  (``load_dataset('parquet', ...)``, its one-off conversion timed apart; ``ds[i]``). Three orders:
+  random uniform (the target's: nearly every read decodes a row group), ``block_shuffle`` order
+  with its default window of 8 row groups (twice the cache: about half the reads decode), and
+  with a window of 4 (the cache: a decode per 1,000 reads).
+- (b) a shuffled epoch in batches of 256, items/s timed from the first batch:
+  ``DataLoader(block_shuffle(pq, pq.cuts, seed=0), batch_size=256, num_workers=2, to_tensor=False)``
+  (process workers) with ``parquet(dir)`` (cache 4) and ``parquet(dir, cache=8)`` (the window);
+  against a sequential ``ParquetFile.iter_batches(256)`` pass over the files, ``datasets``'
+  ``ds.shuffle(seed).iter(batch_size=256)`` (python and numpy formats) and Ray Data's
+  ``read_parquet(dir).iter_batches(batch_size=256, local_shuffle_buffer_size=8 row groups)``.
+- (c) the files served by ``lazyseq.files.serve`` in a child process answering after 20 ms: one
+  random row of every row group, row groups in a random order (each read fetches its row group),
+  a plain loop against ``prefetch(gather(pq, order), nworkers=32, method='thread')``.
+- (d) ``lazyseq.formats.arrow.arrow(ds)[i]`` against ``ds.with_format('numpy')[i]`` on the
+  ``datasets`` table of (a), random rows, the values compared.
+
+Readers alternate round by round (the best round), so a shared machine's noise hits them alike.
+Peers not installed (``datasets``, ``ray``) leave their rows saying so; ``--quick`` skips Ray.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+import lazyseq
+from lazyseq.bench.remote import Server, _load, machine
+
+BATCH, NWORKERS, THREADS, LATENCY, WINDOW = 256, 2, 32, 0.02, 8
+CACHE = 4  # lazyseq.parquet's default, given to the hand-written reader too
+TARGETS = {  # key: (what, comparison, threshold)
+    "random_vs_pyarrow": ("(a) random reads: lazyseq / pyarrow by hand, us per read", "<=", 1.2),
+    "random_vs_datasets": ("(a) random reads: datasets ds[i] / lazyseq, us per read", ">=", 10.0),
+    "epoch_vs_iter_batches": ("(b) epoch (cache=8): lazyseq / sequential iter_batches, items/s", ">=", 0.8),
+    "epoch_vs_datasets": ("(b) epoch (cache=8): lazyseq / datasets shuffle().iter, items/s", ">", 1.0),
+    "epoch_vs_ray": ("(b) epoch (cache=8): lazyseq / Ray Data iter_batches, items/s", ">", 1.0),
+    "remote_prefetch_vs_loop": (f"(c) {LATENCY * 1e3:.0f} ms server: {THREADS} threads / plain loop, rows/s", ">=", 10.0),
+    "arrow_vs_datasets": ("(d) datasets numpy ds[i] / arrow(ds)[i], us per read", ">=", 10.0),
+}
+HAND = ("pyarrow by hand, slice().to_pylist()", "pyarrow by hand, column[j].as_py()")
+LAZY = ("lazyseq DataLoader, cache=4 (default)", "lazyseq DataLoader, cache=8")
+HF, RAY, ITER = "datasets ds[i]", "Ray Data", "pyarrow iter_batches, sequential"
+
+
+# -- the data ---------------------------------------------------------------------------------------
+def write_files(root: str, rows: int, files: int, group: int) -> list[str]:
+    """``files`` Parquet files of ``rows // files`` rows each, row groups of ``group`` rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    per, paths = rows // files, []
+    for k in range(files):
+        rng, ids = np.random.default_rng(k), np.arange(k * per, (k + 1) * per)
+        sizes = 2560 + rng.integers(0, 1024, per)
+        off = np.zeros(per + 1, np.int32)
+        np.cumsum(sizes, out=off[1:])
+        data = rng.integers(0, 256, int(off[-1]), dtype=np.uint8)
+        data[off[:-1]], data[off[:-1] + 1], data[off[1:] - 2], data[off[1:] - 1] = 0xFF, 0xD8, 0xFF, 0xD9
+        image = pa.Array.from_buffers(pa.binary(), per, [None, pa.py_buffer(off), pa.py_buffer(data)])
+        table = pa.table({"image": image, "label": ids % 1000, "text": [f"a photo of item {i}, class {i % 1000}" for i in ids]})
+        paths.append(os.path.join(root, f"part-{k:05d}.parquet"))
+        pq.write_table(table, paths[-1], row_group_size=group)
+    return paths
+
+
+class ByHand:
+    """pyarrow by hand: the last ``cache`` decoded row groups kept (least recently used out)."""
+
+    def __init__(self, paths: list[str], cache: int):
+        import pyarrow.parquet as pq
+
+        self.files = [pq.ParquetFile(p) for p in paths]
+        self.groups = [(k, r, f.metadata.row_group(r).num_rows) for k, f in enumerate(self.files)
+                       for r in range(f.metadata.num_row_groups)]
+        self.starts = np.cumsum([0] + [n for _, _, n in self.groups]).tolist()
+        self.cache, self.held = cache, collections.OrderedDict()
+
+    def _table(self, i: int) -> tuple[Any, int]:
+        import bisect
+
+        g = bisect.bisect_right(self.starts, i) - 1
+        t = self.held.get(g)
+        if t is None:
+            k, r, _ = self.groups[g]
+            t = self.held[g] = self.files[k].read_row_group(r, use_threads=False)
+            if len(self.held) > self.cache:
+                self.held.popitem(last=False)
+        else:
+            self.held.move_to_end(g)
+        return t, i - self.starts[g]
+
+    def by_slice(self, i: int) -> dict:
+        t, j = self._table(i)
+        return t.slice(j, 1).to_pylist()[0]
+
+    def by_columns(self, i: int) -> dict:
+        t, j = self._table(i)
+        return {name: col[j].as_py() for name, col in zip(t.column_names, t.columns)}
+
+
+def plain(row: dict) -> dict:
+    """A row's values as Python's (numpy scalars by ``.item()``), to compare readers."""
+    return {k: v.item() if isinstance(v, (np.generic, np.ndarray)) else v for k, v in row.items()}
+
+
+def load_hf(paths: list[str], root: str) -> tuple[Any, float]:
+    """``datasets.load_dataset('parquet', data_files=paths, split='train')``, its caches under ``root``
+    (offline: nothing looked up on the Hub); and the seconds its conversion took."""
+    env = {"HF_HOME": os.path.join(root, "hf-home"), "HF_DATASETS_CACHE": os.path.join(root, "hf-cache"),
+           "HF_HUB_OFFLINE": "1"}
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # read when datasets is imported: keep out of the user's caches
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+        datasets.logging.set_verbosity_error()
+        t = time.perf_counter()
+        ds = datasets.load_dataset("parquet", data_files=paths, split="train", cache_dir=env["HF_DATASETS_CACHE"])
+        return ds, time.perf_counter() - t
+    finally:
+        for k, v in before.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def arrow_of() -> Callable | None:
+    """``lazyseq.formats.arrow.arrow``, or None where it is not there yet."""
+    try:
+        from lazyseq.formats.arrow import arrow
+    except ImportError:
+        return None
+    return arrow
+
+
+# -- timing -----------------------------------------------------------------------------------------
+def per_read(readers: dict[str, Callable[[int], Any]], keys: list[int], rounds: int) -> dict[str, float]:
+    """Microseconds per read of ``keys``: the best of ``rounds``, the readers alternating."""
+    best = {name: float("inf") for name in readers}
+    for _ in range(rounds):
+        for name, one in readers.items():
+            t = time.perf_counter()
+            for i in keys:
+                one(i)
+            best[name] = min(best[name], (time.perf_counter() - t) / len(keys) * 1e6)
+    return best
+
+
+def epoch_rate(batches: Iterator[dict], n: int, labels: int) -> tuple[float, float]:
+    """Items/s of one epoch's batches timed from the first, and the seconds to the first; every row
+    read once (their count and their labels' sum checked)."""
+    t = time.perf_counter()
+    first = next(batches)
+    start = time.perf_counter()
+    count, total = len(first["label"]), int(np.sum(first["label"]))
+    for b in batches:
+        count, total = count + len(b["label"]), total + int(np.sum(b["label"]))
+    seconds = time.perf_counter() - start
+    if count != n or total != labels:
+        raise AssertionError(f"bench formats: an epoch read {count} rows (labels' sum {total}), not {n} ({labels})")
+    return (n - len(first["label"])) / seconds, start - t
+
+
+def iter_batches(paths: list[str], seed: int) -> Iterator[dict]:
+    """A sequential pass (``seed`` unused): each batch's columns as the DataLoader's collate gives them."""
+    import pyarrow.parquet as pq
+
+    for p in paths:
+        for b in pq.ParquetFile(p).iter_batches(BATCH):
+            yield {"image": b.column(0).to_pylist(), "label": b.column(1).to_numpy(), "text": b.column(2).to_pylist()}
+
+
+# -- the parts --------------------------------------------------------------------------------------
+def part_a(root: str, paths: list[str], ds: Any, n: int, sizes: dict[str, int], rounds: int) -> dict:
+    pq, hand = lazyseq.parquet(root), ByHand(paths, CACHE)
+    readers: dict[str, Callable[[int], Any]] = {"lazyseq": pq.__getitem__, HAND[0]: hand.by_slice, HAND[1]: hand.by_columns}
+    if ds is not None:
+        readers[HF] = ds.__getitem__
+    for i in sorted({0, n - 1, *range(0, n, max(1, n // 37))}):
+        want = hand.by_slice(i)
+        for name, one in readers.items():
+            if plain(one(i)) != want:
+                raise AssertionError(f"bench formats: {name} gives another row {i} than pyarrow's")
+    rng = np.random.default_rng(0)
+    orders = {"random": rng.integers(0, n, sizes["random"]).tolist()}
+    for window in (WINDOW, CACHE):
+        orders[f"block_shuffle, window {window}"] = [
+            int(i) for i in lazyseq.block_shuffle(range(n), pq.cuts, seed=0, window=window)[: sizes[f"window {window}"]]]
+    return {"us_per_read": {o: per_read(readers, keys, rounds) for o, keys in orders.items()},
+            "keys": {o: len(keys) for o, keys in orders.items()}}
+
+
+def part_b(root: str, paths: list[str], ds: Any, n: int, rounds: int, ray: bool) -> dict:
+    import pyarrow.parquet as pq_
+
+    labels = sum(int(pq_.read_table(p, columns=["label"]).column(0).to_numpy().sum()) for p in paths)
+    loaders = {}
+    for name, cache in zip(LAZY, (CACHE, WINDOW)):
+        pq = lazyseq.parquet(root, cache=cache)
+        loaders[name] = lazyseq.DataLoader(lazyseq.block_shuffle(pq, pq.cuts, seed=0), batch_size=BATCH,
+                                           num_workers=NWORKERS, to_tensor=False)
+    epochs: dict[str, Callable[[int], Iterator[dict]]] = {ITER: lambda r: iter_batches(paths, r)}
+    for name, loader in loaders.items():
+        epochs[name] = lambda r, loader=loader: iter(loader)  # epoch r: the loader's next epoch
+    if ds is not None:
+        epochs["datasets shuffle().iter, python"] = lambda r: ds.shuffle(seed=r).iter(batch_size=BATCH)
+        epochs["datasets shuffle().iter, numpy"] = lambda r: ds.with_format("numpy").shuffle(seed=r).iter(batch_size=BATCH)
+    best, first = {name: 0.0 for name in epochs}, {name: float("inf") for name in epochs}
+    try:
+        for r in range(rounds):
+            for name, epoch in epochs.items():
+                rate, start = epoch_rate(epoch(r), n, labels)
+                best[name], first[name] = max(best[name], rate), min(first[name], start)
+    finally:
+        for loader in loaders.values():
+            loader.close()
+    out: dict[str, Any] = {"items_per_s": best, "first_batch_s": first, "ray": ray_epoch(root, n, labels) if ray else None}
+    return out
+
+
+def ray_epoch(root: str, n: int, labels: int) -> dict:
+    """Ray Data's shuffled epoch (one round: it starts a cluster of its own), or why it did not run."""
+    try:
+        import ray
+        import ray.data
+    except Exception as e:  # whatever stops the import is said on its row
+        return {"failed": f"import ray.data: {type(e).__name__}: {e}"}
+    try:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
+        data = ray.data.read_parquet(root, columns=["image", "label", "text"])
+        rate, start = epoch_rate(iter(data.iter_batches(batch_size=BATCH, local_shuffle_buffer_size=WINDOW * 1000,
+                                                        local_shuffle_seed=0)), n, labels)
+        return {"items_per_s": rate, "first_batch_s": start}
+    except Exception as e:  # said on its row, the bench goes on
+        return {"failed": f"{type(e).__name__}: {str(e)[:200]}"}
+    finally:
+        ray.shutdown()
+
+
+def part_c(root: str, paths: list[str], n: int, seed: int = 0) -> dict:
+    """One random row of every row group, row groups in a random order, over a server answering after LATENCY."""
+    local = lazyseq.parquet(root)
+    rng = np.random.default_rng(seed)
+    starts, rows = [0, *local.cuts], local.block_rows
+    order = [int(starts[b] + rng.integers(rows[b])) for b in rng.permutation(local.blocks)]
+    want = [plain(local[i]) for i in order]
+    out: dict[str, Any] = {"reads": len(order)}
+    server = Server(root, LATENCY)
+    try:
+        urls = [f"{server.url}/{os.path.basename(p)}" for p in paths]
+        lazyseq.parquet(urls, block_cache=0)[order[-1]]  # the HTTP client's one-off start (~0.5 s), not timed
+        for name, read in [("plain loop", lambda v: [v[i] for i in order]),
+                           (f"prefetch, {THREADS} threads", lambda v: list(lazyseq.prefetch(
+                               lazyseq.gather(v, order), nworkers=THREADS, method="thread")))]:
+            v = lazyseq.parquet(urls, block_cache=0)  # footers read now, not timed; no bytes kept between reads
+            before = server.requests()
+            t = time.perf_counter()
+            got = read(v)
+            seconds = time.perf_counter() - t
+            if [plain(x) for x in got] != want:
+                raise AssertionError(f"bench formats: (c) {name} gives other rows than the local files")
+            out[name] = {"seconds": seconds, "rows_per_s": len(order) / seconds,
+                         "requests_per_read": (server.requests() - before) / len(order)}
+    finally:
+        server.close()
+    out["server_exit_code"] = server.proc.returncode
+    return out
+
+
+def part_d(ds: Any, n: int, keys: int, rounds: int) -> dict:
+    """``arrow(ds)[i]`` against ``ds.with_format('numpy')[i]`` on random rows; the values compared."""
+    arrow = arrow_of()
+    if ds is None or arrow is None:
+        return {"skipped": "datasets not installed" if ds is None else "lazyseq.formats.arrow not available"}
+    mine, theirs = arrow(ds), ds.with_format("numpy")
+    order = np.random.default_rng(1).integers(0, n, keys).tolist()
+    us = per_read({"lazyseq arrow(ds)": mine.__getitem__, "datasets numpy ds[i]": theirs.__getitem__}, order, rounds)
+    for i in order:
+        a, b = plain(mine[i]), plain(theirs[i])
+        if a != b:
+            fields = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+            raise AssertionError(f"bench formats: arrow(ds)[{i}] and ds.with_format('numpy')[{i}] differ in {fields}")
+    return {"us_per_read": us, "keys": keys}
+
+
+# -- printing and targets ---------------------------------------------------------------------------
+def show_a(a: dict, hf_build: float | None, rounds: int) -> None:
+    orders = list(a["us_per_read"])
+    print(f"\n(a) single-row reads, us per read (x: this reader's time / lazyseq's); best of {rounds}; keys: "
+          + ", ".join(f"{o} {a['keys'][o]}" for o in orders))
+    print(f"{'':40s}" + "".join(f"{o:>26s}" for o in orders))
+    for name in ["lazyseq", *HAND, HF]:
+        cells = []
+        for o in orders:
+            v, mine = a["us_per_read"][o].get(name), a["us_per_read"][o]["lazyseq"]
+            cells.append(f"{'not installed':>26s}" if v is None else f"{v:16.1f} us {v / mine:6.2f}x")
+        print(f"{name:40s}" + "".join(cells))
+    print(f"lazyseq: parquet(dir)[i], cache={CACHE} decoded row groups; pyarrow by hand: the last {CACHE} "
+          "read_row_group(rg, use_threads=False)\n  tables kept (LRU), then the row by slice or by column; "
+          "datasets: load_dataset('parquet', ...)[i], python format")
+    if hf_build is not None:
+        print(f"  (datasets' one-off conversion of the files to its Arrow cache, load_dataset: {hf_build:.1f} s, apart)")
+
+
+def show_b(b: dict, rounds: int) -> None:
+    rates, first = dict(b["items_per_s"]), dict(b["first_batch_s"])
+    ray = b["ray"]
+    mine = rates[LAZY[1]]
+    print(f"\n(b) one shuffled epoch in batches of {BATCH}, items/s timed from the first batch; best of {rounds} "
+          f"(Ray: 1)\n{'':40s}{'items/s':>10s}{'first s':>9s}{'lazyseq cache=8 x':>19s}")
+    for name in [ITER, *LAZY, "datasets shuffle().iter, python", "datasets shuffle().iter, numpy", RAY]:
+        if name == RAY and ray is not None:
+            if "failed" in ray:
+                print(f"{name:40s}  failed: {ray['failed']}")
+                continue
+            rates[name], first[name] = ray["items_per_s"], ray["first_batch_s"]
+        v = rates.get(name)
+        if v is None:
+            why = "not run (--quick)" if name == RAY and ray is None and "quick" in b else "not installed"
+            print(f"{name:40s}{why:>28s}")
+        else:
+            print(f"{name:40s}{v:10.0f}{first[name]:9.2f}{mine / v:19.2f}")
+    print(f"pyarrow: ParquetFile(f).iter_batches({BATCH}) file after file, each batch's image and text to_pylist(), "
+          f"label to_numpy()\nlazyseq: DataLoader(block_shuffle(pq, pq.cuts, seed=0), batch_size={BATCH}, "
+          f"num_workers={NWORKERS}, to_tensor=False), default_collate\n  (images and texts as lists, labels an array), "
+          f"block_shuffle's window {WINDOW} row groups; datasets: ds.shuffle(seed).iter({BATCH});\n"
+          f"  Ray Data: read_parquet(dir).iter_batches({BATCH}, local_shuffle_buffer_size={WINDOW * 1000}), numpy batches")
+
+
+def show_c(c: dict) -> None:
+    loop = c["plain loop"]["rows_per_s"]
+    print(f"\n(c) {c['reads']} rows, one random row of each row group, row groups in a random order, over "
+          f"lazyseq.files.serve\n  answering after {LATENCY * 1e3:.0f} ms (a child process); a fresh "
+          f"parquet(urls, block_cache=0) per row, its footers read before the timing\n  (and the HTTP client "
+          "started by an untimed read)")
+    print(f"{'':40s}{'rows/s':>10s}{'requests/read':>15s}{'x loop':>8s}")
+    for name in ("plain loop", f"prefetch, {THREADS} threads"):
+        r = c[name]
+        print(f"{name:40s}{r['rows_per_s']:10.1f}{r['requests_per_read']:15.2f}{r['rows_per_s'] / loop:8.1f}")
+
+
+def show_d(d: dict, rounds: int) -> None:
+    if "skipped" in d:
+        print(f"\n(d) arrow(ds)[i] against ds.with_format('numpy')[i]: not available ({d['skipped']})")
+        return
+    us = d["us_per_read"]
+    print(f"\n(d) {d['keys']} random rows of the datasets table of (a), us per read; best of {rounds}; the values "
+          "compared")
+    for name, v in us.items():
+        print(f"{name:40s}{v:10.1f} us{v / us['lazyseq arrow(ds)']:8.2f}x")
+
+
+def targets(values: dict[str, float | None], why: dict[str, str]) -> dict:
+    out = {}
+    print("\ntargets (issue #32)")
+    for key, (what, op, threshold) in TARGETS.items():
+        v = values.get(key)
+        met = None if v is None else v >= threshold if op == ">=" else v <= threshold if op == "<=" else v > threshold
+        out[key] = {"value": v, "target": f"{op} {threshold}", "met": met}
+        shown = f"  n/a ({why.get(key, 'not measured')})" if v is None else f"{v:8.2f}  {op} {threshold:<5g} " \
+            + ("met" if met else "MISSED")
+        print(f"  {what:66s}{shown}")
+    return out
+
+
+def target_values(res: dict) -> tuple[dict, dict]:
+    a, b, c, d = res["random"]["us_per_read"]["random"], res["epoch"], res["remote"], res["arrow"]
+    mine, rates, ray = b["items_per_s"][LAZY[1]], b["items_per_s"], b["ray"] or {}
+    hf = [rates[k] for k in rates if k.startswith("datasets")]
+    values = {"random_vs_pyarrow": a["lazyseq"] / min(a[h] for h in HAND),
+              "random_vs_datasets": a[HF] / a["lazyseq"] if HF in a else None,
+              "epoch_vs_iter_batches": mine / rates[ITER], "epoch_vs_datasets": mine / max(hf) if hf else None,
+              "epoch_vs_ray": mine / ray["items_per_s"] if "items_per_s" in ray else None,
+              "remote_prefetch_vs_loop": c[f"prefetch, {THREADS} threads"]["rows_per_s"] / c["plain loop"]["rows_per_s"],
+              "arrow_vs_datasets": (d["us_per_read"]["datasets numpy ds[i]"] / d["us_per_read"]["lazyseq arrow(ds)"]
+                                    if "us_per_read" in d else None)}
+    no_hf = "datasets not installed"
+    why = {"random_vs_datasets": no_hf, "epoch_vs_datasets": no_hf, "arrow_vs_datasets": d.get("skipped", ""),
+           "epoch_vs_ray": ray.get("failed", "not run with --quick" if res["quick"] else "ray not installed")}
+    return values, why
+
+
+# -- the run ----------------------------------------------------------------------------------------
+def run(quick: bool = False) -> dict:
+    """Write the files, run (a) to (d), print their tables and the targets; returns the results."""
+    rows, files, group, rounds = (2_000, 2, 100, 1) if quick else (100_000, 8, 1_000, 3)
+    sizes = {"random": 100, f"window {WINDOW}": 100, f"window {CACHE}": 400} if quick else \
+        {"random": 500, f"window {WINDOW}": 500, f"window {CACHE}": 8_000}
+    hf, ray = importlib.util.find_spec("datasets") is not None, not quick and importlib.util.find_spec("ray") is not None
+    for name, have in (("datasets", hf), ("ray", ray or quick)):
+        if not have:
+            print(f"({name} is not installed: its rows are skipped; pip install 'lazyseq[bench]' to compare with it)")
+    res: dict[str, Any] = {"scenario": "formats", "quick": quick, "rows": rows, "files": files, "group_rows": group,
+                           "cache": CACHE, "window": WINDOW, "machine": machine(), "datasets_installed": hf,
+                           "skipped": [k for k, v in (("datasets", hf), ("ray", ray or quick)) if not v]}
+    m = res["machine"]
+    print(f"{m['cores']} cores, {m['cpu']}; load average {' / '.join(f'{x:.2f}' for x in m['load_before'] or [])} "
+          "before the run")
+    root = tempfile.mkdtemp(prefix="lazyseq-bench-formats-")
+    try:
+        data = os.path.join(root, "data")
+        os.mkdir(data)
+        paths = write_files(data, rows, files, group)
+        res["bytes"] = sum(os.path.getsize(p) for p in paths)
+        print(f"{rows} rows (image bytes 2.5-3.5 KB, label, text) in {files} Parquet files, row groups of {group} "
+              f"rows: {res['bytes'] / 1e6:.0f} MB")
+        ds, res["datasets_build_seconds"] = load_hf(paths, root) if hf else (None, None)
+        res["random"] = part_a(data, paths, ds, rows, sizes, rounds)
+        show_a(res["random"], res["datasets_build_seconds"], rounds)
+        res["epoch"] = part_b(data, paths, ds, rows, 1 if quick else 2, ray)
+        show_b({**res["epoch"], **({"quick": True} if quick else {})}, 1 if quick else 2)
+        res["remote"] = part_c(data, paths, rows)
+        show_c(res["remote"])
+        res["arrow"] = part_d(ds, rows, 100 if quick else 2_000, rounds)
+        show_d(res["arrow"], rounds)
+        del ds  # its memory maps, before the folder goes
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    m["load_after"] = _load()
+    print(f"\nmachine: {m['cores']} cores, {m['cpu']}; load average (1 / 5 / 15 min) "
+          f"{' / '.join(f'{x:.2f}' for x in m['load_before'] or [])} before, "
+          f"{' / '.join(f'{x:.2f}' for x in m['load_after'] or [])} after (other work on the machine shows there)")
+    values, why = target_values(res)
+    res["targets"] = targets(values, why)
+    return res
+
+
+if __name__ == "__main__":  # python -m lazyseq.bench formats is the entry point; this also works
+    run()
