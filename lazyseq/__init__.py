@@ -23,6 +23,7 @@ from .errors import (
     seterr,
 )
 from .evaluation import empty, empty_like, prefetch, shutdown_ray
+from .formats.lance import lance
 from .formats.parquet import parquet
 from .loader.batching import pad_collate, varlen_collate
 from .loader.dataloader import DataLoader, default_collate
@@ -57,5 +58,5 @@ __all__ = [
     "mix", "schedule",
     "shutdown_ray",
     "pack", "bucket", "pad_collate", "varlen_collate",
-    "parquet",
+    "parquet", "lance",
 ]
