@@ -5,6 +5,7 @@ stranger's files (truncated, garbled, listed wrongly) raise StoreError naming th
 import json
 import os
 import pickle
+import shutil
 
 import numpy as np
 import pytest
@@ -104,6 +105,9 @@ def test_pickle_small_prefetch_block_shuffle(tmp_path):
     assert [norm(x) for x in pickle.loads(blob)] == want
     with lazyseq.prefetch(v, nworkers=2, method="process") as p:
         assert [norm(x) for x in p] == want
+    plain = arrow(path, columns=["v", "b", "d"])  # a store wants one structure: no struct that is sometimes None
+    lazyseq.save(plain, str(tmp_path / "saved"))
+    assert [norm(x) for x in lazyseq.load(str(tmp_path / "saved"))] == [norm(x) for x in plain]
     order = lazyseq.block_shuffle(v, v.cuts, seed=0)
     got = [norm(x) for x in order]
     assert got != want and sorted(map(repr, got)) == sorted(map(repr, want))
@@ -160,6 +164,26 @@ def test_truncated_or_garbled_ipc_is_a_store_error(tmp_path, fmt):
     open(path, "wb").write(bytes(garbled))
     e = raised_within(20, lambda: list(arrow(path)))
     assert isinstance(e, (StoreError, EvaluationError)) and "a.arrow" in str(e)
+
+
+def test_url_footer_and_messages_garbled(tmp_path, http_files):
+    path = write_ipc(http_files.root / "a.arrow", batches=4)
+    data = open(path, "rb").read()
+    url = f"{http_files.url}/a.arrow"
+    rng = np.random.default_rng(0)
+    outcomes = set()
+    for k in range(40):  # bytes of the footer and of the messages the footer points at, changed
+        garbled = bytearray(data)
+        for at in rng.integers(len(data) - 400 if k % 2 else 8, len(data), 3):
+            garbled[at] = rng.integers(256)
+        open(path, "wb").write(bytes(garbled))
+        e = raised_within(20, lambda: [x for x in arrow(url, block_cache=0)])
+        assert e is None or isinstance(e, StoreError) or isinstance(e.__cause__, StoreError), repr(e)
+        assert e is None or "a.arrow" in str(e)
+        outcomes.add(e is None)
+    assert False in outcomes
+    open(path, "wb").write(data[:-12])
+    assert "a.arrow (an Arrow IPC file)" in str(store_error(lambda: arrow(url)))
 
 
 def test_fuzz_mutated_ipc_raises_only_store_error(tmp_path):
@@ -268,6 +292,17 @@ def test_save_to_disk_folders(hf, tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
 
 
+def test_save_to_disk_folder_over_a_url(hf, http_files):
+    _, mem, _, root = hf
+    shutil.copytree(root / "dict", http_files.root / "dict")
+    v = arrow(f"{http_files.url}/dict", split="test")
+    _same(v, mem.select(range(7, 17)))
+    with pytest.raises(ValueError, match=r"one of \['train', 'test'\]"):
+        arrow(f"{http_files.url}/dict")
+    (http_files.root / "dict" / "test" / "state.json").write_text(json.dumps({"_data_files": [{"filename": "../x.arrow"}]}))
+    assert "only plain names" in str(store_error(lambda: arrow(f"{http_files.url}/dict", split="test")))
+
+
 def test_image_feature_read_as_its_storage(hf, tmp_path):
     datasets = hf[0]
     png = b"\x89PNG\r\n\x1a\n not decoded"
@@ -295,7 +330,7 @@ def test_folder_listing_a_stranger_wrote(tmp_path):
     for name in ("../x.arrow", "sub/x.arrow", "..", "", 7):
         state.write_text(json.dumps({"_data_files": [{"filename": name}]}))
         e = store_error(lambda: arrow(str(folder)))
-        assert "state.json lists a data file" in str(e) and "only plain names" in str(e)
+        assert "state.json (a dataset's state) lists a data file" in str(e) and "only plain names" in str(e)
     state.write_text(json.dumps({"_data_files": [{"filename": "gone.arrow"}]}))
     assert "gone.arrow (an Arrow IPC file) is missing: " in str(store_error(lambda: arrow(str(folder))))
     state.write_text("{not json")

@@ -24,14 +24,13 @@ import numpy as np
 from ..errors import StoreError
 from ..files.remote import check_settings
 from .blocks import Blocks
-from .hf import plan_dataset, plan_folder
-from .ipc import WHAT, Index, index_file, pyarrow, table_index
+from .hf import is_saved, plan_dataset, plan_folder
+from .ipc import SUFFIXES, WHAT, Index, index_file, pyarrow, table_index
 from .sources import Opened, Remotes, list_files, open_source, reader_errors, shown
 from .values import Rows
 
 __all__ = ["arrow", "Arrow"]
 
-SUFFIXES = (".arrow", ".feather", ".ipc")
 
 
 class Arrow(Blocks):
@@ -306,9 +305,8 @@ def arrow(source: Any, *, columns: Sequence[str] | None = None, split: str | Non
         elif split is not None:
             raise ValueError("lazyseq.arrow: split= is for a DatasetDict")
         plan = plan_dataset(source, remotes)
-    elif isinstance(source, (str, os.PathLike)) and os.path.isdir(os.fspath(source)) and any(
-            os.path.lexists(os.path.join(os.fspath(source), n)) for n in ("state.json", "dataset_dict.json")):
-        plan = plan_folder(os.fspath(source), split)
+    elif is_saved(source, remotes):
+        plan = plan_folder(source, split, remotes)
     else:
         if split is not None:
             raise ValueError("lazyseq.arrow: split= is for a DatasetDict (a folder or object)")

@@ -18,61 +18,90 @@ from typing import Any
 import numpy as np
 
 from ..errors import StoreError
+from ..files import urls
 from ..files.local import read_data
-from .ipc import WHAT, index_file
+from .ipc import SUFFIXES, WHAT, index_file
 from .sources import Remotes, need, open_source, shown
 
-__all__ = ["plan_folder", "plan_dataset"]
+__all__ = ["plan_folder", "plan_dataset", "is_saved"]
 
 JSON_BYTES = 16 * 2**20  # state.json, dataset_dict.json
 
 
-def _json(path: str, what: str) -> dict:
-    data = read_data(path, what, root=os.path.dirname(os.path.abspath(path)), max_bytes=JSON_BYTES)
+def _join(folder: str, name: str) -> str:
+    return urls.join(folder, name) if urls.is_url(folder) else os.path.join(folder, name)
+
+
+def _json(path: str, what: str, remotes: Remotes) -> dict | None:
+    """The JSON object in the file ``path`` (local or a URL; read bounded), None if there is none."""
+    try:
+        if urls.is_url(path):
+            data = remotes.of(path).read_whole(path, JSON_BYTES, what)
+        else:
+            data = read_data(path, what, root=os.path.dirname(os.path.abspath(path)), max_bytes=JSON_BYTES)
+    except FileNotFoundError:
+        return None
     try:
         out = json.loads(data)
     except ValueError as e:
-        raise StoreError(f"{path} ({what}) is not valid JSON: {e}") from None
+        raise StoreError(f"{shown(path)} ({what}) is not valid JSON: {e}") from None
     if not isinstance(out, dict):
-        raise StoreError(f"{path} ({what}) is not a JSON object")
+        raise StoreError(f"{shown(path)} ({what}) is not a JSON object")
     return out
 
 
 def _plain(name: Any, listed: str, what: str) -> str:
     """``name`` from a stranger's listing, refused unless it names a plain file of the listing's folder."""
-    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", "..") or "\0" in name:
-        raise StoreError(f"{listed} lists {what} {name!r}: only plain names of files in its own folder are read")
+    if not isinstance(name, str) or not urls.PLAIN_NAME.fullmatch(name):
+        raise StoreError(f"{listed} lists {what} {name!r:.80}: only plain names of files in its own folder are read")
     return name
 
 
-def plan_folder(folder: str, split: str | None) -> dict:
+def is_saved(source: Any, remotes: Remotes) -> bool:
+    """Whether ``source`` is a folder (or URL prefix) written by ``save_to_disk``."""
+    if not isinstance(source, (str, os.PathLike)):
+        return False
+    source = os.fspath(source)
+    if urls.is_url(source):
+        return not source.endswith(SUFFIXES) and any(
+            _json(_join(source, n), "a datasets listing", remotes) is not None for n in ("dataset_dict.json", "state.json"))
+    return os.path.isdir(source) and any(os.path.lexists(os.path.join(source, n)) for n in ("state.json", "dataset_dict.json"))
+
+
+def plan_folder(folder: str, split: str | None, remotes: Remotes) -> dict:
     """A ``save_to_disk`` folder (a Dataset, or with ``split`` a DatasetDict): its state.json's files."""
-    listing = os.path.join(folder, "dataset_dict.json")
-    if os.path.lexists(listing):
-        splits = _json(listing, "a DatasetDict's split list").get("splits")
+    folder = os.fspath(folder)
+    listing = _join(folder, "dataset_dict.json")
+    listed_splits = _json(listing, "a DatasetDict's split list", remotes)
+    if listed_splits is not None:
+        splits = listed_splits.get("splits")
         if not isinstance(splits, list):
-            raise StoreError(f"{listing} (a DatasetDict's split list) has no list of splits")
-        splits = [_plain(s, listing, "a split") for s in splits]
+            raise StoreError(f"{shown(listing)} (a DatasetDict's split list) has no list of splits")
+        splits = [_plain(s, shown(listing), "a split") for s in splits]
         if split not in splits:
-            raise ValueError(f"lazyseq.arrow: {folder} holds a DatasetDict: give split=, one of {splits}"
+            raise ValueError(f"lazyseq.arrow: {shown(folder)} holds a DatasetDict: give split=, one of {splits}"
                              + (f" (not {split!r})" if split is not None else ""))
-        folder = os.path.join(folder, split)
+        folder = _join(folder, split)
     elif split is not None:
-        raise ValueError(f"lazyseq.arrow: split={split!r} is for a DatasetDict folder; {folder} holds no dataset_dict.json")
-    listed = os.path.join(folder, "state.json")
-    state = _json(listed, "a dataset's state")
+        raise ValueError(f"lazyseq.arrow: split={split!r} is for a DatasetDict folder; {shown(folder)} holds no "
+                         "dataset_dict.json")
+    listed = _join(folder, "state.json")
+    state = _json(listed, "a dataset's state", remotes)
+    if state is None:
+        raise StoreError(f"{shown(listed)} (a dataset's state) is missing: save_to_disk writes it")
+    listed = f"{shown(listed)} (a dataset's state)"
     files = state.get("_data_files")
     if not isinstance(files, list) or not files or not all(isinstance(f, dict) for f in files):
-        raise StoreError(f"{listed} (a dataset's state) lists no data files (_data_files)")
+        raise StoreError(f"{listed} lists no data files (_data_files)")
     if any(state.get(key) for key in ("_indices_data_files", "_indices_files")):
-        raise StoreError(f"{listed} (a dataset's state) lists an indices file (an older datasets wrote it): load it with "
+        raise StoreError(f"{listed} lists an indices file (an older datasets wrote it): load it with "
                          "datasets.load_from_disk and give lazyseq.arrow the Dataset")
     names = [_plain(f.get("filename"), listed, "a data file") for f in files]
     fmt = state.get("_format_columns")
     plain_list = isinstance(fmt, list) and all(isinstance(c, str) for c in fmt)
     default = fmt if plain_list and not state.get("_output_all_columns") else None
-    return {"names": names, "paths": [os.path.join(folder, n) for n in names], "parts": [(k, None) for k in range(len(names))],
-            "listed": f"{listed} (a dataset's state)", "default_columns": default}
+    return {"names": names, "paths": [_join(folder, n) for n in names], "parts": [(k, None) for k in range(len(names))],
+            "listed": listed, "default_columns": default}
 
 
 def _replay(replays: list, schema: Any, rows: int, where: str) -> tuple[list[tuple[str, str]], int, int]:

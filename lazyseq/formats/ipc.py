@@ -22,6 +22,7 @@ from .sources import Opened, need, reader_errors
 __all__ = ["WHAT", "Index", "index_file", "table_index", "pyarrow"]
 
 WHAT = "an Arrow IPC file"
+SUFFIXES = (".arrow", ".feather", ".ipc")
 FILE_MAGIC = b"ARROW1"
 EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # a stream's end-of-stream marker
 STREAM_URL_BYTES = 2**30  # a stream-format file over a URL is read whole: at most this
