@@ -14,6 +14,7 @@ UTF-8 raise :class:`~lazyseq.StoreError` rather than reading outside the file or
 from __future__ import annotations
 
 import bisect
+import concurrent.futures
 import hashlib
 import os
 from collections.abc import Sequence
@@ -30,6 +31,8 @@ from .sources import Opened, Remotes, list_files, open_source, reader_errors, sh
 from .values import Rows
 
 __all__ = ["arrow", "Arrow"]
+
+OPEN_THREADS = 16  # files opened (and over URLs their footers read) at once when a view is made
 
 
 
@@ -49,7 +52,8 @@ class Arrow(Blocks):
         self.segments = plan.get("segments")  # [(part, first row, rows)], or None: every part's rows, in order
         self.indices = plan.get("indices")  # None, ("memory", array) or (source k, first, rows): an indices file
         self._remotes, self._opened = plan.get("remotes") or Remotes(self.settings), plan.get("opened", {})
-        indexes = [self._open(k) for k in range(len(self.paths))]
+        with concurrent.futures.ThreadPoolExecutor(min(OPEN_THREADS, len(self.paths))) as pool:
+            indexes = list(pool.map(self._open, range(len(self.paths))))
         self.sizes = [o.size if o is not None else None for o, _ in indexes]
         self.stamps = [o.stamp if o is not None else None for o, _ in indexes]
         self._files_rows = [ix.rows for _, ix in indexes]
@@ -116,7 +120,6 @@ class Arrow(Blocks):
     def _shown(self, k: int) -> str:
         src = self.paths[k]
         return f"{shown(src)} ({WHAT})" if isinstance(src, str) else "a table held in memory"
-
 
     # -- the row maps: item -> data row (indices) -> base row (segments) -------------------------
     def _set_segments(self) -> None:
