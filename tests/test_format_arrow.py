@@ -289,7 +289,7 @@ def test_save_to_disk_folders(hf, tmp_path):
             "assert 'datasets' not in sys.modules")
     import subprocess
     import sys
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
 
 
 def test_save_to_disk_folder_over_a_url(hf, http_files):
