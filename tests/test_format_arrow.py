@@ -289,7 +289,8 @@ def test_save_to_disk_folders(hf, tmp_path):
             "assert 'datasets' not in sys.modules")
     import subprocess
     import sys
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env={**os.environ, "PYTHONPATH": repo})
 
 
 def test_save_to_disk_folder_over_a_url(hf, http_files):
