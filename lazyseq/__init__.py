@@ -23,6 +23,7 @@ from .errors import (
     seterr,
 )
 from .evaluation import empty, empty_like, prefetch, shutdown_ray
+from .formats.arrow import arrow
 from .formats.lance import lance
 from .formats.parquet import parquet
 from .loader.batching import pad_collate, varlen_collate
@@ -58,5 +59,5 @@ __all__ = [
     "mix", "schedule",
     "shutdown_ray",
     "pack", "bucket", "pad_collate", "varlen_collate",
-    "parquet", "lance",
+    "parquet", "arrow", "lance",
 ]
