@@ -23,6 +23,7 @@ import numpy as np
 from ..core.base import View
 from ..core.decoded import DecodedCache
 from ..core.node import Failed, into
+from .values import collate
 
 __all__ = ["Blocks"]
 
@@ -123,6 +124,33 @@ class Blocks(View):
 
     def _get_many(self, idx: Sequence[int]) -> list:
         return self._grouped(idx, False)
+
+    # -- reads by columns: a batch without per-item objects ----------------------------------------
+    def _columnar(self) -> bool:
+        return True
+
+    def _get_columns(self, idx: np.ndarray) -> Any:
+        """``default_collate`` of items ``idx`` built from the decoded blocks' Arrow columns (one
+        ``take`` per block), or NotImplemented (:func:`~lazyseq.formats.values.collate`)."""
+        import pyarrow as pa
+
+        a = np.asarray(idx, dtype=np.int64)
+        where = np.searchsorted(np.asarray(self._starts, dtype=np.int64), a, side="right") - 1
+        sort = np.argsort(where, kind="stable")
+        blocks, first = np.unique(where[sort], return_index=True)
+        parts = []
+        for b, ats in zip(blocks.tolist(), np.split(sort, first[1:])):
+            block = self._block(b)
+            if getattr(block, "table", None) is None:
+                return NotImplemented
+            parts.append(block.table.take(pa.array(a[ats] - self._starts[b])))
+            block = None  # not held while the next block is decoded: the cache bound holds
+        if not parts:
+            return NotImplemented
+        table = pa.concat_tables([pa.Table.from_batches([p]) if isinstance(p, pa.RecordBatch) else p for p in parts])
+        if not (np.diff(sort) > 0).all():  # back to the order asked
+            table = table.take(pa.array(np.argsort(sort, kind="stable")))
+        return collate(table)
 
     def _get_each(self, idx: Sequence[int], out: list | None = None) -> list:
         return into(out, self._grouped(idx, True))

@@ -32,7 +32,7 @@ from ..errors import StoreError
 from ..files import is_url, local_path
 from .blocks import Blocks
 from .sources import need, reader_errors, shown
-from .values import Rows
+from .values import Rows, collate
 
 __all__ = ["lance", "Lance"]
 
@@ -242,6 +242,10 @@ class Lance(Blocks):
         except Exception:  # read row by row: only the rows that fail are Failed
             return each(lambda i: self._take([i]).row(0), idx, out)
         return into(out, items)
+
+    def _get_columns(self, idx: np.ndarray) -> Any:
+        """``default_collate`` of items ``idx`` from one Lance ``take``, built by columns (or NotImplemented)."""
+        return collate(self._take(idx).table) if len(idx) else NotImplemented
 
     def held(self) -> list[tuple[int, int]]:
         """The windows of rows held now, least recently used first: ``(block, k)`` holds rows

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Rows", "getter"]
+__all__ = ["Rows", "getter", "collate"]
 
 Getter = Callable[[int], Any]
 
@@ -157,14 +157,16 @@ def getter(arr: Any) -> Getter:
 
 class Rows:
     """The rows of a decoded block (an Arrow Table or RecordBatch) as dicts ``{column: value}``, in
-    the block's column order: ``row(j)``, ``rows(js)``. Built once per block, read many times."""
+    the block's column order: ``row(j)``, ``rows(js)``; ``table`` is the block (for reads by
+    columns). Built once per block, read many times."""
 
-    __slots__ = ("names", "getters", "n")
+    __slots__ = ("names", "getters", "n", "table")
 
     def __init__(self, block: Any):
         self.names = list(block.schema.names)
         self.getters = [getter(block.column(k)) for k in range(block.num_columns)]
         self.n = block.num_rows
+        self.table = block
 
     def __len__(self) -> int:
         return self.n
@@ -175,3 +177,50 @@ class Rows:
     def rows(self, js: Sequence[int]) -> list[dict]:
         names, getters = self.names, self.getters
         return [{name: get(j) for name, get in zip(names, getters)} for j in js]
+
+
+def _column(col: Any) -> Any:
+    """``default_collate`` of a column's values, or NotImplemented where the items' values would not
+    stack the same way (nulls, structs, lists of unequal lengths, other types)."""
+    pa = _pa()
+    col = _storage(col)
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    t = col.type
+    if col.null_count:
+        return NotImplemented
+    if _numeric(t):
+        return np.array(col.to_numpy(zero_copy_only=False))
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return col.to_pylist()
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        values = _storage(col.flatten())
+        if not _numeric(values.type) or values.null_count:
+            return NotImplemented
+        n = len(col)
+        lengths = None if pa.types.is_fixed_size_list(t) else np.diff(_offsets(col))
+        if lengths is None or (lengths == lengths[0]).all():
+            return np.array(values.to_numpy(zero_copy_only=False)).reshape(n, len(values) // n)
+        return NotImplemented
+    return NotImplemented
+
+
+def collate(table: Any) -> Any:
+    """``lazyseq.default_collate`` of the rows of ``table`` (an Arrow Table) as items, built by
+    columns: a dict of arrays (numbers, lists of numbers of one length) and lists (str, bytes);
+    NotImplemented where a column's items would not stack so (the caller then reads the items).
+
+    >>> import pyarrow as pa
+    >>> collate(pa.table({"x": [1, 2], "v": [[1.0, 2.0], [3.0, 4.0]], "t": ["a", "b"]}))
+    {'x': array([1, 2]), 'v': array([[1., 2.],
+           [3., 4.]]), 't': ['a', 'b']}
+    """
+    out = {}
+    for name, col in zip(table.schema.names, table.columns):
+        if not len(col):
+            return NotImplemented
+        got = _column(col.combine_chunks() if isinstance(col, _pa().ChunkedArray) else col)
+        if got is NotImplemented:
+            return NotImplemented
+        out[name] = got
+    return out
