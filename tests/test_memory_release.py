@@ -128,8 +128,27 @@ def packed(root: str) -> Any:
     return ls.pack(mg.indexed(os.path.join(root, "docs")), 32)
 
 
+def parquet(root: str) -> Any:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pa.table({"x": np.arange(60, dtype=np.int32), "y": [[float(i)] * (i % 4) for i in range(60)]})
+    pq.write_table(t, os.path.join(root, "t.parquet"), row_group_size=16, write_page_index=True)
+    return ls.parquet(os.path.join(root, "t.parquet"), cache=2)
+
+
+def arrow(root: str) -> Any:
+    import pyarrow as pa
+
+    t = pa.table({"x": np.arange(60, dtype=np.int32), "y": [[float(i)] * 3 for i in range(60)]})
+    with pa.OSFile(os.path.join(root, "t.arrow"), "wb") as f, pa.ipc.new_file(f, t.schema) as w:
+        for b in t.to_batches(max_chunksize=16):
+            w.write_batch(b)
+    return ls.arrow(os.path.join(root, "t.arrow"), cache=2)
+
+
 SOURCES: dict[str, Callable[[str], Any]] = {"chunks": chunks, "store": store, "megatron": corpus,
-                                            "mix": mixture, "pack": packed}
+                                            "mix": mixture, "pack": packed, "parquet": parquet, "arrow": arrow}
 
 
 # -- the ways of reading -----------------------------------------------------------------------------
@@ -170,7 +189,7 @@ def test_a_dropped_pipeline_frees_everything_at_once(gc_off, tmp_path, source, r
     pipeline = SOURCES[source](root)
     assert READS[read](pipeline) > 0
     if read == "directly":  # (through workers, the parent reads nothing of it)
-        if source in ("store", "megatron", "pack"):
+        if source in ("store", "megatron", "pack", "parquet", "arrow"):
             assert held(root)["maps"], "nothing was mapped: the check below would prove nothing"
         else:
             assert decoded_alive() > 0
