@@ -1,0 +1,33 @@
+"""The readers' packages are extras: ``import lazyseq`` imports none of them, and a function whose
+package is missing raises ImportError naming the extra that installs it, when it is called."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+CASES = [
+    ("pyarrow", "lazyseq.parquet('x.parquet')", "lazyseq[parquet]"),
+    ("pyarrow", "lazyseq.arrow('x.arrow')", "lazyseq[parquet]"),
+    ("lance", "lazyseq.lance('x.lance')", "lazyseq[lance]"),
+]
+
+
+@pytest.mark.parametrize("blocked, call, extra", CASES, ids=["parquet", "arrow", "lance"])
+def test_a_missing_package_names_its_extra_when_called(blocked, call, extra):
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules[{blocked!r}] = None  # as if not installed: import raises ImportError
+        import lazyseq
+        assert not any(sys.modules.get(m) for m in ("pyarrow", "datasets", "lance")), "imported at import lazyseq"
+        try:
+            {call}
+        except ImportError as e:
+            print("ImportError:", e)
+        else:
+            print("no error")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "ImportError:" in r.stdout and extra in r.stdout, r.stdout
