@@ -233,17 +233,17 @@ def test_bench_formats(tmp_path, hide_peers):
                           "lazyseq DataLoader, cache=8"} | ({"datasets shuffle().iter, python",
                                                              "datasets shuffle().iter, numpy"} if hf else set())
     assert min(epoch.values()) > 0 and res["epoch"]["ray"] is None  # no Ray in --quick
-    c = res["remote"]
-    assert c["reads"] == 20 and c["server_exit_code"] == 0
-    for row in ("plain loop", "prefetch, 32 threads"):
-        assert c[row]["rows_per_s"] > 0 and c[row]["requests_per_read"] >= 1  # each read fetched its row group
+    for c in (res["remote"], res["remote_paged"]):
+        assert c["reads"] == 20 and c["server_exit_code"] == 0
+        for row in ("plain loop", "prefetch, 32 threads"):
+            assert c[row]["rows_per_s"] > 0 and c[row]["requests_per_read"] >= 1  # each read went to the server
     d = res["arrow"]
     assert ("us_per_read" in d) == ("skipped" not in d)
     if not hf:
         assert d["skipped"] == "datasets not installed"
     t = res["targets"]
     assert set(t) == {"random_vs_pyarrow", "random_vs_datasets", "epoch_vs_iter_batches", "epoch_vs_datasets",
-                      "epoch_vs_ray", "remote_prefetch_vs_loop", "arrow_vs_datasets"}
+                      "epoch_vs_ray", "remote_prefetch_vs_loop", "remote_paged_prefetch_vs_loop", "arrow_vs_datasets"}
     assert (t["random_vs_datasets"]["value"] is None) == (not hf) and t["epoch_vs_ray"]["value"] is None
     for x in t.values():
         assert {"value", "target", "met"} <= set(x) and (x["met"] is None) == (x["value"] is None)

@@ -46,6 +46,7 @@ import lazyseq
 from lazyseq.bench.remote import Server, _load, machine
 
 BATCH, NWORKERS, THREADS, LATENCY, WINDOW = 256, 2, 32, 0.02, 8
+PAGE = 64 * 1024  # (c)'s second set of files: data pages of this size, with a page index
 CACHE = 4  # lazyseq.parquet's default, given to the hand-written reader too
 TARGETS = {  # key: (what, comparison, threshold)
     "random_vs_pyarrow": ("(a) random reads: lazyseq / pyarrow by hand, us per read", "<=", 1.2),
@@ -54,6 +55,7 @@ TARGETS = {  # key: (what, comparison, threshold)
     "epoch_vs_datasets": ("(b) epoch (cache=8): lazyseq / datasets shuffle().iter, items/s", ">", 1.0),
     "epoch_vs_ray": ("(b) epoch (cache=8): lazyseq / Ray Data iter_batches, items/s", ">", 1.0),
     "remote_prefetch_vs_loop": (f"(c) {LATENCY * 1e3:.0f} ms server: {THREADS} threads / plain loop, rows/s", ">=", 10.0),
+    "remote_paged_prefetch_vs_loop": (f"(c) the same, files with a page index: {THREADS} threads / plain loop", ">=", 10.0),
     "arrow_vs_datasets": ("(d) datasets numpy ds[i] / arrow(ds)[i], us per read", ">=", 10.0),
 }
 HAND = ("pyarrow by hand, slice().to_pylist()", "pyarrow by hand, column[j].as_py()")
@@ -62,8 +64,9 @@ HF, RAY, ITER = "datasets ds[i]", "Ray Data", "pyarrow iter_batches, sequential"
 
 
 # -- the data ---------------------------------------------------------------------------------------
-def write_files(root: str, rows: int, files: int, group: int) -> list[str]:
-    """``files`` Parquet files of ``rows // files`` rows each, row groups of ``group`` rows."""
+def write_files(root: str, rows: int, files: int, group: int, **options: Any) -> list[str]:
+    """``files`` Parquet files of ``rows // files`` rows each, row groups of ``group`` rows (``options``:
+    more of ``pyarrow.parquet.write_table``'s)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -78,7 +81,7 @@ def write_files(root: str, rows: int, files: int, group: int) -> list[str]:
         image = pa.Array.from_buffers(pa.binary(), per, [None, pa.py_buffer(off), pa.py_buffer(data)])
         table = pa.table({"image": image, "label": ids % 1000, "text": [f"a photo of item {i}, class {i % 1000}" for i in ids]})
         paths.append(os.path.join(root, f"part-{k:05d}.parquet"))
-        pq.write_table(table, paths[-1], row_group_size=group)
+        pq.write_table(table, paths[-1], row_group_size=group, **options)
     return paths
 
 
@@ -348,9 +351,9 @@ def show_b(b: dict, rounds: int) -> None:
           f"  Ray Data: read_parquet(dir).iter_batches({BATCH}, local_shuffle_buffer_size={WINDOW * 1000}), numpy batches")
 
 
-def show_c(c: dict) -> None:
+def show_c(c: dict, files: str) -> None:
     loop = c["plain loop"]["rows_per_s"]
-    print(f"\n(c) {c['reads']} rows, one random row of each row group, row groups in a random order, over "
+    print(f"\n(c) {files}:\n  {c['reads']} rows, one random row of each row group, row groups in a random order, over "
           f"lazyseq.files.serve\n  answering after {LATENCY * 1e3:.0f} ms (a child process); a fresh "
           f"parquet(urls, block_cache=0) per row, its footers read before the timing\n  (and the HTTP client "
           "started by an untimed read)")
@@ -393,6 +396,8 @@ def target_values(res: dict) -> tuple[dict, dict]:
               "epoch_vs_iter_batches": mine / rates[ITER], "epoch_vs_datasets": mine / max(hf) if hf else None,
               "epoch_vs_ray": mine / ray["items_per_s"] if "items_per_s" in ray else None,
               "remote_prefetch_vs_loop": c[f"prefetch, {THREADS} threads"]["rows_per_s"] / c["plain loop"]["rows_per_s"],
+              "remote_paged_prefetch_vs_loop": (res["remote_paged"][f"prefetch, {THREADS} threads"]["rows_per_s"]
+                                                / res["remote_paged"]["plain loop"]["rows_per_s"]),
               "arrow_vs_datasets": (d["us_per_read"]["datasets numpy ds[i]"] / d["us_per_read"]["lazyseq arrow(ds)"]
                                     if "us_per_read" in d else None)}
     no_hf = "datasets not installed"
@@ -431,7 +436,13 @@ def run(quick: bool = False) -> dict:
         res["epoch"] = part_b(data, paths, ds, rows, 1 if quick else 2, ray)
         show_b({**res["epoch"], **({"quick": True} if quick else {})}, 1 if quick else 2)
         res["remote"] = part_c(data, paths, rows)
-        show_c(res["remote"])
+        show_c(res["remote"], "files as above (no page index: a read fetches its row group's columns)")
+        paged = os.path.join(root, "paged")
+        os.mkdir(paged)
+        paged_paths = write_files(paged, rows, files, group, write_page_index=True, data_page_size=PAGE)
+        res["remote_paged"] = part_c(paged, paged_paths, rows)
+        show_c(res["remote_paged"], f"the same rows written with a page index and pages of {PAGE // 1024} KiB (a "
+               "read fetches one page per column)")
         res["arrow"] = part_d(ds, rows, 100 if quick else 2_000, rounds)
         show_d(res["arrow"], rounds)
         del ds  # its memory maps, before the folder goes

@@ -261,7 +261,7 @@ def _digest(table: Any) -> str:
     return hashlib.blake2b(sink.getvalue(), digest_size=16).hexdigest()
 
 
-def arrow(source: Any, *, columns: Sequence[str] | None = None, split: str | None = None, cache: int = 4,
+def arrow(source: Any, *, columns: Sequence[str] | None = None, split: str | None = None, cache: int = 64,
           storage_options: dict | None = None, block_cache: int = 64 * 2**20, cache_dir: str | os.PathLike | None = None,
           cache_dir_bytes: int | None = None, timeout: float = 30.0, strict: bool = True) -> Arrow:
     """The rows of Arrow IPC files or of a Hugging Face dataset as a random-access view of dicts.
@@ -277,6 +277,9 @@ def arrow(source: Any, *, columns: Sequence[str] | None = None, split: str | Non
     (dicts of ``bytes`` and ``path``), never decoded or unpickled.
 
     Local files are memory mapped: numbers are views of the map, copied by nothing but the item.
+    ``cache``: record batches kept decoded per process; a local file's decoded batch is views of
+    its map (what it costs is little more than its offsets), hence the larger default than
+    :func:`~lazyseq.parquet`'s; over a URL each holds its bytes.
     ``.cuts`` (for ``block_shuffle``) are the record batches' starts, or over a row mapping where
     its runs of items from one batch start. Over a URL a file-format file reads its footer, then
     each record batch by ranges; a stream-format file is read whole into memory once per process

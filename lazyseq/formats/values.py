@@ -76,10 +76,10 @@ def _offsets(arr: Any) -> np.ndarray:
 def _text(arr: Any, as_str: bool) -> Getter:
     data = arr.buffers()[2]
     data = memoryview(data) if data is not None else memoryview(b"")
-    off = _offsets(arr).tolist()  # Python ints: a slice of a memoryview by numpy ints costs more
+    off = _offsets(arr)  # numpy, not a list: a block is read a few rows at a time as often as whole
     if as_str:
-        return _with_nulls(arr, lambda j: str(data[off[j] : off[j + 1]], "utf-8"))
-    return _with_nulls(arr, lambda j: bytes(data[off[j] : off[j + 1]]))
+        return _with_nulls(arr, lambda j: str(data[int(off[j]) : int(off[j + 1])], "utf-8"))
+    return _with_nulls(arr, lambda j: bytes(data[int(off[j]) : int(off[j + 1])]))
 
 
 def _fixed_binary(arr: Any) -> Getter:
@@ -93,14 +93,14 @@ def _list(arr: Any) -> Getter:
         w = arr.type.list_size
         values, off = arr.values.slice(arr.offset * w, len(arr) * w), range(0, (len(arr) + 1) * w, w)
     else:
-        values, off = arr.values, _offsets(arr).tolist()
+        values, off = arr.values, _offsets(arr)
     inner = getter(values)
     if not _numeric(_storage_type(values.type)):
         return _with_nulls(arr, lambda j: [inner(k) for k in range(off[j], off[j + 1])])
     flat = _numbers(_storage(values))
     if not _storage(values).null_count:
         return _with_nulls(arr, lambda j: flat[off[j] : off[j + 1]])
-    holes = np.concatenate([[0], np.cumsum(~_valid(_storage(values)))]).tolist()  # null values before each
+    holes = np.concatenate([[0], np.cumsum(~_valid(_storage(values)))])  # null values before each
     return _with_nulls(arr, lambda j: flat[off[j] : off[j + 1]] if holes[off[j + 1]] == holes[off[j]]
                        else [inner(k) for k in range(off[j], off[j + 1])])  # a row holding a null: a list
 
