@@ -91,9 +91,9 @@ def coalesce_streams(nb) -> None:
         cell["outputs"] = merged
 
 
-def test_the_five_notebooks_are_there():
+def test_the_six_notebooks_are_there():
     assert {"01_composition.ipynb", "02_random_access_preprocessing.ipynb", "03_dataloader_tinygrad.ipynb",
-            "04_errors_and_debugging.ipynb", "05_tokens.ipynb"} <= set(IDS)
+            "04_errors_and_debugging.ipynb", "05_tokens.ipynb", "06_data_where_it_lives.ipynb"} <= set(IDS)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
