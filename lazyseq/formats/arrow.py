@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import StoreError
+from ..files import is_url
 from ..files.remote import check_settings
 from .blocks import Blocks
 from .hf import is_saved, plan_dataset, plan_folder
@@ -32,6 +33,7 @@ from .values import Rows
 
 __all__ = ["arrow", "Arrow"]
 
+CACHE_LOCAL, CACHE_URL = 4096, 16  # decoded record batches kept per process by default (see arrow's cache)
 OPEN_THREADS = 16  # files opened (and over URLs their footers read) at once when a view is made
 
 
@@ -40,10 +42,12 @@ class Arrow(Blocks):
     """Rows of Arrow IPC files or of a Hugging Face dataset: see :func:`arrow`."""
 
     checks_keys = False
-    _transient = ("_opened", "_remotes", "_order")
+    _transient = ("_opened", "_remotes", "_order", "_valid")
 
-    def __init__(self, plan: dict, columns: Sequence[str] | None, cache: int, settings: dict, strict: bool):
+    def __init__(self, plan: dict, columns: Sequence[str] | None, cache: int | None, settings: dict, strict: bool):
         pyarrow()
+        if cache is None:  # mapped or in memory: a decoded batch is views; over a URL it holds its bytes
+            cache = CACHE_URL if any(isinstance(p, str) and is_url(p) for p in plan["paths"]) else CACHE_LOCAL
         if isinstance(cache, bool) or not isinstance(cache, int) or cache < 1:
             raise ValueError(f"lazyseq.arrow: cache must be an int >= 1 (record batches kept decoded), got {cache!r}")
         self.settings, self.strict = dict(settings), bool(strict)
@@ -63,6 +67,7 @@ class Arrow(Blocks):
         self._set_blocks([n for k, _ in self.parts for n in self._files_rows[k]], cache)
         self._set_segments()
         self._order = self._indices_array()
+        self._valid: set[tuple[int, int]] = set()  # (source, batch) of memory maps checked in full in this process
 
     # -- sources ---------------------------------------------------------------------------------
     def _open(self, k: int) -> tuple[Opened | None, Index]:
@@ -89,7 +94,7 @@ class Arrow(Blocks):
         return self._opened.setdefault(k, (opened, index))
 
     def _reopen(self) -> None:
-        self._opened, self._remotes = {}, Remotes(self.settings)
+        self._opened, self._remotes, self._valid = {}, Remotes(self.settings), set()
         self._order = self._indices_array()
 
     def _select(self, columns: Sequence[str] | None, default: Sequence[str] | None, schemas: list) -> tuple[Any, list[str]]:
@@ -217,7 +222,10 @@ class Arrow(Blocks):
                                          f"footer said {len(index.blocks)}")
                     batch = reader.get_batch(r)
             batch = batch.select([renames[n] for n in self.columns]).rename_columns(self.columns)
-            batch.validate(full=True)
+            if index.batches is None or (k, r) not in self._valid:  # a mapped batch checked once per process
+                batch.validate(full=True)
+                if index.batches is not None:
+                    self._valid.add((k, r))
             if batch.num_rows != self._rows[b]:
                 raise StoreError(f"{where} is corrupted: it decodes to {batch.num_rows} rows, its metadata says "
                                  f"{self._rows[b]}")
@@ -261,7 +269,7 @@ def _digest(table: Any) -> str:
     return hashlib.blake2b(sink.getvalue(), digest_size=16).hexdigest()
 
 
-def arrow(source: Any, *, columns: Sequence[str] | None = None, split: str | None = None, cache: int = 64,
+def arrow(source: Any, *, columns: Sequence[str] | None = None, split: str | None = None, cache: int | None = None,
           storage_options: dict | None = None, block_cache: int = 64 * 2**20, cache_dir: str | os.PathLike | None = None,
           cache_dir_bytes: int | None = None, timeout: float = 30.0, strict: bool = True) -> Arrow:
     """The rows of Arrow IPC files or of a Hugging Face dataset as a random-access view of dicts.
@@ -277,9 +285,9 @@ def arrow(source: Any, *, columns: Sequence[str] | None = None, split: str | Non
     (dicts of ``bytes`` and ``path``), never decoded or unpickled.
 
     Local files are memory mapped: numbers are views of the map, copied by nothing but the item.
-    ``cache``: record batches kept decoded per process; a local file's decoded batch is views of
-    its map (what it costs is little more than its offsets), hence the larger default than
-    :func:`~lazyseq.parquet`'s; over a URL each holds its bytes.
+    ``cache``: record batches kept decoded per process; None: ``CACHE_LOCAL`` (4096) for files
+    on local disk and tables in memory, whose decoded batches are views of the map (each costs
+    little more than its offsets), ``CACHE_URL`` (16) over URLs, where each holds its bytes.
     ``.cuts`` (for ``block_shuffle``) are the record batches' starts, or over a row mapping where
     its runs of items from one batch start. Over a URL a file-format file reads its footer, then
     each record batch by ranges; a stream-format file is read whole into memory once per process

@@ -34,10 +34,15 @@ __all__ = ["Rows", "getter", "collate"]
 Getter = Callable[[int], Any]
 
 
-def _pa() -> Any:
-    import pyarrow as pa
+_PA: list[Any] = []
 
-    return pa
+
+def _pa() -> Any:
+    if not _PA:
+        import pyarrow as pa
+
+        _PA.append(pa)
+    return _PA[0]
 
 
 def _numeric(t: Any) -> bool:
@@ -127,30 +132,46 @@ def _storage_type(t: Any) -> Any:
     return t
 
 
+_KINDS: dict[Any, str] = {}  # Arrow type -> how its values are read (types are few; looked up per block)
+
+
+def _kind(t: Any) -> str:
+    kind = _KINDS.get(t)
+    if kind is None:
+        pa = _pa()
+        kind = ("null" if pa.types.is_null(t) else "number" if _numeric(t)
+                else "str" if pa.types.is_string(t) or pa.types.is_large_string(t)
+                else "bytes" if pa.types.is_binary(t) or pa.types.is_large_binary(t)
+                else "fixed" if pa.types.is_fixed_size_binary(t) and not pa.types.is_decimal(t)
+                else "list" if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+                else "struct" if pa.types.is_struct(t) else "dictionary" if pa.types.is_dictionary(t) else "other")
+        if len(_KINDS) < 4096:
+            _KINDS[t] = kind
+    return kind
+
+
 def getter(arr: Any) -> Getter:
     """``get(j)``: row ``j`` of the Arrow array ``arr`` (a ChunkedArray is combined first) as this
     module's rules say."""
     pa = _pa()
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
-    arr = _storage(arr)
-    t = arr.type
-    if pa.types.is_null(t):
+    if isinstance(arr.type, pa.BaseExtensionType):
+        arr = _storage(arr)
+    kind = _kind(arr.type)
+    if kind == "number":
+        return _with_nulls(arr, _numbers(arr).__getitem__)
+    if kind in ("str", "bytes"):
+        return _text(arr, kind == "str")
+    if kind == "null":
         return lambda j: None
-    if _numeric(t):
-        values = _numbers(arr)
-        return _with_nulls(arr, values.__getitem__)
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return _text(arr, True)
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return _text(arr, False)
-    if pa.types.is_fixed_size_binary(t) and not pa.types.is_decimal(t):
+    if kind == "fixed":
         return _fixed_binary(arr)
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+    if kind == "list":
         return _list(arr)
-    if pa.types.is_struct(t):
+    if kind == "struct":
         return _struct(arr)
-    if pa.types.is_dictionary(t):
+    if kind == "dictionary":
         return _dictionary(arr)
     return lambda j: arr[j].as_py()  # timestamps, decimals, maps, views, unions: as pyarrow gives them
 
