@@ -18,21 +18,11 @@ from lazyseq.core.node import Failed  # noqa: E402
 from lazyseq.errors import EvaluationError  # noqa: E402
 from lazyseq.formats.lance import Lance, lance  # noqa: E402
 from tests.hostile import raised_within  # noqa: E402
+from tests.rows import norm as plain  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:lance is not fork-safe")  # process workers fork; the view reopens
 
 
-def plain(x):
-    """A value as pyarrow's to_pylist gives it (numpy scalars and arrays as Python values)."""
-    if isinstance(x, dict):
-        return {k: plain(v) for k, v in x.items()}
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, list):
-        return [plain(v) for v in x]
-    return x
 
 
 def table(n, start=0):

@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lazyseq
+from tests.rows import norm
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -33,17 +34,6 @@ N = 30  # rows of the tables of the writer-option matrix
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
-def norm(x):
-    """A value as ``to_pylist`` gives it: numpy scalars as Python numbers, arrays as lists, recursively."""
-    if isinstance(x, dict):
-        return {k: norm(v) for k, v in x.items()}
-    if isinstance(x, np.ndarray):
-        return [norm(v) for v in x]
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, list):
-        return [norm(v) for v in x]
-    return x
 
 
 def expected(*paths) -> list[dict]:

@@ -14,18 +14,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 import lazyseq  # noqa: E402
 import lazyseq.formats.parquet as P  # noqa: E402
 from tests.parquet_footer import patch, read  # noqa: E402
-
-
-def norm(x):
-    if isinstance(x, dict):
-        return {k: norm(v) for k, v in x.items()}
-    if isinstance(x, np.ndarray):
-        return [norm(v) for v in x]
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, list):
-        return [norm(v) for v in x]
-    return x
+from tests.rows import norm  # noqa: E402
 
 
 def table(n, seed=0):

@@ -21,13 +21,18 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
-__all__ = ["DecodedCache"]
+__all__ = ["DecodedCache", "fork_mark"]
 
 WAIT = 1.0  # seconds between checks while another thread decodes the block wanted
 
 _forks = [0]  # bumped in a forked child: cheaper to compare than os.getpid() on every read
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
+
+
+def fork_mark() -> int:
+    """A number that changes in a forked child: state made before a fork compares its mark."""
+    return _forks[0]
 
 
 class DecodedCache:

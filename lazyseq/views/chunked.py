@@ -9,7 +9,6 @@ import itertools
 import operator
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,6 +16,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from ..core.base import Remap, View
+from ..core.decoded import DecodedCache, fork_mark
 from ..core.fingerprints import file_identity
 from ..core.node import Failed, into, length
 from ..files import Remote, is_url, redact
@@ -26,15 +26,6 @@ from ..helpers import fname
 from .epochs import FollowsEpoch
 
 __all__ = ["chunks", "block_shuffle"]
-
-# A forked child inherits a chunk cache and, maybe, a lock some thread held at the fork: views
-# notice the fork (a counter, cheaper than os.getpid() on every read) and start afresh.
-_forks = [0]
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
-
-_WAIT = 1.0  # seconds between checks while another thread decodes the chunk we need
-
 
 # -- chunks ----------------------------------------------------------------------------------------
 class Chunks(View):
@@ -68,13 +59,9 @@ class Chunks(View):
         self._setup()
 
     def _setup(self) -> None:
-        self._lock = threading.Lock()
-        self._done = threading.Condition(self._lock)  # a decode finished (or failed)
-        self._held: OrderedDict[int, Sequence] = OrderedDict()  # chunk -> samples, least recently used first
-        self._pending: set[int] = set()  # chunks being decoded by some thread
-        self._last: tuple[int, Sequence | None] = (-1, None)  # the most recently used chunk: a read without the lock
+        self._decoded = DecodedCache(self.cache)  # chunk -> samples: each decoded once, however many threads ask
         self._count = threading.Lock()  # one thread counts the chunks' lengths
-        self._fork = _forks[0]
+        self._fork = fork_mark()
         self._starts: list[int] | None = None  # first index of every chunk, once every length is known
         self._remotes: dict[str, Remote] = {}  # as_file: one per URL scheme, made in this process
         if None not in self._lens:
@@ -90,7 +77,7 @@ class Chunks(View):
 
     def _fresh(self) -> None:
         """In a forked child, start afresh: the parent's chunks are not ours, and its locks may be held."""
-        if self._fork != _forks[0]:
+        if self._fork != fork_mark():
             self._setup()
 
     def _index(self) -> None:
@@ -101,38 +88,7 @@ class Chunks(View):
     def _chunk(self, k: int) -> Sequence:
         """The samples of chunk ``k``: from the cache, from another thread decoding it, or read here."""
         self._fresh()
-        with self._lock:
-            while True:
-                data = self._held.get(k)
-                if data is not None:
-                    self._held.move_to_end(k)
-                    self._last = (k, data)
-                    return data
-                if k not in self._pending:
-                    break
-                self._done.wait(_WAIT)
-            self._pending.add(k)
-            # Make room first, so decoded chunks plus the one being decoded stay within `cache`.
-            while self._held and len(self._held) + len(self._pending) > self.cache:
-                self._evict()
-        data = None
-        try:
-            data = self._decode(k)
-            return data
-        finally:
-            with self._lock:
-                self._pending.discard(k)
-                if data is not None:
-                    while len(self._held) + len(self._pending) >= self.cache and self._held:
-                        self._evict()
-                    self._held[k] = data
-                    self._last = (k, data)
-                self._done.notify_all()
-
-    def _evict(self) -> None:  # the least recently used chunk (with the lock held)
-        k, _ = self._held.popitem(last=False)
-        if self._last[0] == k:
-            self._last = (-1, None)
+        return self._decoded.get(k, self._decode)
 
     def _decode(self, k: int) -> Sequence:
         path = self.paths[k]
@@ -172,8 +128,7 @@ class Chunks(View):
     def held(self) -> list[int]:
         """The chunks in memory now, least recently used first."""
         self._fresh()
-        with self._lock:
-            return list(self._held)
+        return self._decoded.held()
 
     # -- lengths ---------------------------------------------------------------------------------
     def _counted(self) -> list[int]:
@@ -211,8 +166,8 @@ class Chunks(View):
 
     def _get(self, i: int) -> Any:
         k, j = self._where(i)
-        last = self._last
-        if last[0] == k and self._fork == _forks[0]:  # a run of reads in one chunk takes no lock
+        last = self._decoded.last
+        if last[0] == k and self._fork == fork_mark():  # a run of reads in one chunk takes no lock
             return last[1][j]  # type: ignore[index]
         del last  # not held while another chunk is decoded
         return self._chunk(k)[j]
@@ -225,8 +180,7 @@ class Chunks(View):
         for at, (k, _) in enumerate(where):
             parts.setdefault(k, []).append(at)
         self._fresh()
-        with self._lock:
-            held = set(self._held)
+        held = set(self._decoded.held())
         out: list = [None] * len(idx)
         for k in sorted(parts, key=lambda k: k not in held):  # held chunks first, before evictions
             ats = parts[k]
