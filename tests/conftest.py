@@ -149,3 +149,19 @@ def s3(s3_server) -> Iterator["S3Server"]:
         s3_server.remove_bucket(s3_server.bucket)
         s3_server.bucket = None
         s3_server.drop_connections()
+
+
+# pylance registers a fork hook at import (os.register_at_fork(before=...)) that warns "lance is not
+# fork-safe" in the parent at every fork, for the rest of the process. Once a test has imported
+# lance, every later test that starts process workers would see that warning, and the tests that
+# check which warnings a prefetch or a DataLoader gives would fail for a reason of lance's. So the
+# hook is silenced for the rest of the session as soon as lance is found imported (before each
+# test); the Lance view's own tests run first and see it as users do.
+_SILENT = (lambda: None).__code__
+
+
+def pytest_runtest_setup(item):
+    lance = sys.modules.get("lance")
+    hook = getattr(lance, "__warn_on_fork", None) if lance is not None else None
+    if hook is not None and getattr(hook, "__code__", None) is not _SILENT:
+        hook.__code__ = _SILENT
