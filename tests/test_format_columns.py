@@ -77,3 +77,24 @@ def test_a_lance_batch_by_columns_is_one_take(tmp_path):
     for i in range(len(b)):
         same(b[i], lazyseq.default_collate(list(b.src[i * 32 : (i + 1) * 32])))
     assert b._by_columns is True
+
+
+@pytest.mark.parametrize("by_columns", [True, False], ids=["by-columns", "by-items"])
+def test_a_block_shuffled_epoch_decodes_each_block_once_when_the_cache_holds_a_window(tmp_path, monkeypatch, by_columns):
+    # blocks of 70 and 20 rows, so the shuffle's windows and the batches fall across each other: a
+    # batch across two windows reads the blocks it holds first, and evicts none it still needs
+    t = table(700)
+    pq.write_table(t.slice(0, 350), tmp_path / "a.parquet", row_group_size=70)
+    pq.write_table(t.slice(350), tmp_path / "b.parquet", row_group_size=20)
+    v = lazyseq.parquet(tmp_path, cache=4)
+    decoded = []
+    real = type(v)._decode
+    monkeypatch.setattr(type(v), "_decode", lambda self, b: decoded.append(b) or real(self, b))
+    s = lazyseq.block_shuffle(v, v.cuts, seed=5, window=4)
+    collate = lazyseq.default_collate if by_columns else list
+    b = lazyseq.batch(s, 48, collate_fn=collate)
+    seen = []
+    for i in range(len(b)):
+        seen.extend(b[i]["label"].tolist() if by_columns else [int(x["label"]) for x in b[i]])
+    assert sorted(decoded) == list(range(v.blocks))
+    assert seen == [int(s[i]["label"]) for i in range(len(s))]

@@ -104,13 +104,8 @@ class Blocks(View):
         """Decode every block once for all its rows in ``idx``: the blocks in memory first, then
         the others in order."""
         a = np.asarray(idx, dtype=np.int64)
-        where = np.searchsorted(np.asarray(self._starts, dtype=np.int64), a, side="right") - 1
-        sort = np.argsort(where, kind="stable")
-        blocks, first = np.unique(where[sort], return_index=True)
-        held = set(self._decoded.held())
-        groups = sorted(zip(blocks.tolist(), np.split(sort, first[1:])), key=lambda g: g[0] not in held)
         out: list = [None] * len(a)
-        for b, ats in groups:
+        for b, ats in self._groups(a):
             try:
                 rows = self._block(b).rows((a[ats] - self._starts[b]).tolist())
             except Exception as e:
@@ -121,6 +116,16 @@ class Blocks(View):
                 out[at] = row
             rows = None  # not held while the next block is decoded: the cache bound holds
         return out
+
+    def _groups(self, a: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """``(block, positions in a)`` of every block the keys ``a`` fall in: the blocks in memory
+        first (a batch across two shuffle windows then never evicts a block it still needs), then
+        the others in order."""
+        where = np.searchsorted(np.asarray(self._starts, dtype=np.int64), a, side="right") - 1
+        sort = np.argsort(where, kind="stable")
+        blocks, first = np.unique(where[sort], return_index=True)
+        held = set(self._decoded.held())
+        return sorted(zip(blocks.tolist(), np.split(sort, first[1:])), key=lambda g: g[0] not in held)
 
     def _get_many(self, idx: Sequence[int]) -> list:
         return self._grouped(idx, False)
@@ -135,19 +140,18 @@ class Blocks(View):
         import pyarrow as pa
 
         a = np.asarray(idx, dtype=np.int64)
-        where = np.searchsorted(np.asarray(self._starts, dtype=np.int64), a, side="right") - 1
-        sort = np.argsort(where, kind="stable")
-        blocks, first = np.unique(where[sort], return_index=True)
-        parts = []
-        for b, ats in zip(blocks.tolist(), np.split(sort, first[1:])):
+        parts, order = [], []
+        for b, ats in self._groups(a):
             block = self._block(b)
             if getattr(block, "table", None) is None:
                 return NotImplemented
             parts.append(block.table.take(pa.array(a[ats] - self._starts[b])))
+            order.append(ats)
             block = None  # not held while the next block is decoded: the cache bound holds
         if not parts:
             return NotImplemented
         table = pa.concat_tables([pa.Table.from_batches([p]) if isinstance(p, pa.RecordBatch) else p for p in parts])
+        sort = np.concatenate(order)
         if not (np.diff(sort) > 0).all():  # back to the order asked
             table = table.take(pa.array(np.argsort(sort, kind="stable")))
         return collate(table)
