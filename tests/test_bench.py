@@ -223,15 +223,16 @@ def test_bench_formats(tmp_path, hide_peers):
     assert res["scenario"] == "formats" and res["quick"] is True and (res["rows"], res["files"]) == (2000, 2)
     hf = res["datasets_installed"]
     assert hf == (not hide_peers and importlib.util.find_spec("datasets") is not None)
-    readers = {"lazyseq", "pyarrow by hand, slice().to_pylist()", "pyarrow by hand, column[j].as_py()"}
+    readers = {"lazyseq", "pyarrow by hand, slice().to_pylist()", "pyarrow by hand, column[j].as_py()",
+               "lazyseq, cache = every row group"}
     readers |= {"datasets ds[i]"} if hf else set()
     a = res["random"]["us_per_read"]
-    assert set(a) == {"random", "block_shuffle, window 8", "block_shuffle, window 4"}
+    assert set(a) == {"random", "held row groups", "block_shuffle, window 8", "block_shuffle, window 4"}
     assert all(set(row) == readers and min(row.values()) > 0 for row in a.values())
     epoch = res["epoch"]["items_per_s"]
+    hf_rows = {"datasets shuffle().iter, python", "datasets shuffle().iter, numpy"} if hf else set()
     assert set(epoch) == {"pyarrow iter_batches, sequential", "lazyseq DataLoader, cache=4 (default)",
-                          "lazyseq DataLoader, cache=8"} | ({"datasets shuffle().iter, python",
-                                                             "datasets shuffle().iter, numpy"} if hf else set())
+                          "lazyseq DataLoader, cache=8", "lazyseq DataLoader, cache=8, num_workers=0"} | hf_rows
     assert min(epoch.values()) > 0 and res["epoch"]["ray"] is None  # no Ray in --quick
     for c in (res["remote"], res["remote_paged"]):
         assert c["reads"] == 20 and c["server_exit_code"] == 0
@@ -242,8 +243,11 @@ def test_bench_formats(tmp_path, hide_peers):
     if not hf:
         assert d["skipped"] == "datasets not installed"
     t = res["targets"]
-    assert set(t) == {"random_vs_pyarrow", "random_vs_datasets", "epoch_vs_iter_batches", "epoch_vs_datasets",
-                      "epoch_vs_ray", "remote_prefetch_vs_loop", "remote_paged_prefetch_vs_loop", "arrow_vs_datasets"}
-    assert (t["random_vs_datasets"]["value"] is None) == (not hf) and t["epoch_vs_ray"]["value"] is None
+    assert set(t) == {"random_vs_pyarrow", "random_vs_datasets", "held_vs_pyarrow", "held_vs_datasets",
+                      "all_held_vs_datasets", "epoch_vs_iter_batches", "epoch_vs_datasets", "epoch_vs_ray",
+                      "remote_prefetch_vs_loop", "remote_paged_prefetch_vs_loop", "arrow_vs_datasets"}
+    for key in ("random_vs_datasets", "held_vs_datasets", "all_held_vs_datasets"):
+        assert (t[key]["value"] is None) == (not hf)
+    assert t["epoch_vs_ray"]["value"] is None
     for x in t.values():
         assert {"value", "target", "met"} <= set(x) and (x["met"] is None) == (x["value"] is None)

@@ -264,3 +264,20 @@ def test_dropped_make_sequence_stops_its_workers():
 def test_uneven_ranks_warn():
     with pytest.warns(RuntimeWarning, match="drop_last=True"):
         ls.DataLoader(list(range(41)), batch_size=4, rank=0, world_size=4)
+
+
+def test_a_batch_of_small_bytes_travels_as_one_buffer_in_the_slot_sized_for_it():
+    # images of a few KB each, as a Parquet or WebDataset source gives them: each below a page, so
+    # each alone would travel in the pickle; a batch's list of them is one buffer in the slot
+    rng = np.random.default_rng(0)
+    data = [{"jpg": rng.bytes(3000 + i), "key": f"k{i}", "label": i} for i in range(48)]
+    with ls.DataLoader(data, batch_size=16, num_workers=2, to_tensor=False) as loader:
+        batches = list(loader)
+        stats = loader.stats()
+    assert [b["key"] for b in batches] == [[f"k{i}" for i in range(k, k + 16)] for k in (0, 16, 32)]
+    assert [x for b in batches for x in b["jpg"]] == [d["jpg"] for d in data]
+    assert all(type(x) is bytes for b in batches for x in b["jpg"])
+    assert "3008 bytes x batch 16" in stats["shm"]  # the first sample's bytes (3000) and label (8) counted
+    p = stats["last_epoch"]["prefetch"]
+    assert p["bytes_shm"] >= sum(3000 + i for i in range(48)) and p["fallbacks"] == 0
+    assert p["bytes_pipe"] < p["bytes_shm"] / 4

@@ -292,3 +292,19 @@ def test_on_s3(s3):
     s3.client.put_object(Bucket=s3.bucket, Key=key, Body=body[:-100])  # cut short: Lance's ranged reads fail
     err = raised_within(60, lambda: lance(uri, storage_options=so)._get_many([35]))
     assert isinstance(err, StoreError) and "s3://" in str(err) and "1 row of fragment 1 is not valid" in str(err)
+
+
+def test_process_workers_over_lance_start_without_fork(ds):
+    # the parent has used Lance (its runtime threads run): a forked child opening the dataset can hang
+    v = lazyseq.batch(lance(ds.uri), 10, collate_fn=list)
+    p = lazyseq.prefetch(v, nworkers=2, method="process", timeout=60)
+    try:
+        assert p.mp_context.get_start_method() in ("forkserver", "spawn")
+        assert [plain(x) for b in p for x in b] == ds.to_table().to_pylist()
+    finally:
+        p.close()
+    q = lazyseq.prefetch(v, nworkers=1, method="process", mp_context="fork", lazy_start=True)
+    assert q.mp_context.get_start_method() == "fork"  # a method asked for is kept
+    q.close()
+    assert lazyseq.prefetch(lazyseq.arange(4), nworkers=1, method="process",
+                            lazy_start=True).mp_context.get_start_method() == "fork"

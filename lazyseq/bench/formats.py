@@ -8,13 +8,16 @@ measure the readers, not the disk).
   against pyarrow by hand with the same cache policy (the last 4 ``read_row_group(rg,
   use_threads=False)`` tables kept, least recently used out; the row by ``table.slice(j,
   1).to_pylist()[0]`` or by ``column[j].as_py()``: the faster is the peer) and ``datasets``
-  (``load_dataset('parquet', ...)``, its one-off conversion timed apart; ``ds[i]``). Three orders:
-  random uniform (the target's: nearly every read decodes a row group), ``block_shuffle`` order
-  with its default window of 8 row groups (twice the cache: about half the reads decode), and
-  with a window of 4 (the cache: a decode per 1,000 reads).
+  (``load_dataset('parquet', ...)``, its one-off conversion timed apart; ``ds[i]``); and
+  ``parquet(dir, cache=<every row group>)``, the files decoded once into memory (its first round)
+  as datasets converts them once. Four orders: random uniform (nearly every read decodes a row
+  group), random rows of the 4 row groups both readers hold (the cost of a read itself), and
+  ``block_shuffle`` order with its default window of 8 row groups (twice the cache: about half
+  the reads decode) and with a window of 4 (the cache: a decode per 1,000 reads).
 - (b) a shuffled epoch in batches of 256, items/s timed from the first batch:
   ``DataLoader(block_shuffle(pq, pq.cuts, seed=0), batch_size=256, num_workers=2, to_tensor=False)``
-  (process workers) with ``parquet(dir)`` (cache 4) and ``parquet(dir, cache=8)`` (the window);
+  (process workers) with ``parquet(dir)`` (cache 4) and ``parquet(dir, cache=8)`` (the window), and
+  the second without workers (``num_workers=0``: the batches built in the reader);
   against a sequential ``ParquetFile.iter_batches(256)`` pass over the files, ``datasets``'
   ``ds.shuffle(seed).iter(batch_size=256)`` (python and numpy formats) and Ray Data's
   ``read_parquet(dir).iter_batches(batch_size=256, local_shuffle_buffer_size=8 row groups)``.
@@ -30,7 +33,6 @@ Peers not installed (``datasets``, ``ray``) leave their rows saying so; ``--quic
 
 from __future__ import annotations
 
-import collections
 import importlib.util
 import logging
 import os
@@ -43,14 +45,18 @@ from typing import Any
 import numpy as np
 
 import lazyseq
+from lazyseq.bench.formats_data import BATCH, ByHand, arrow_of, epoch_rate, iter_batches, load_hf, per_read, plain, write_files
 from lazyseq.bench.remote import Server, _load, machine
 
-BATCH, NWORKERS, THREADS, LATENCY, WINDOW = 256, 2, 32, 0.02, 8
+NWORKERS, THREADS, LATENCY, WINDOW = 2, 32, 0.02, 8
 PAGE = 64 * 1024  # (c)'s second set of files: data pages of this size, with a page index
 CACHE = 4  # lazyseq.parquet's default, given to the hand-written reader too
 TARGETS = {  # key: (what, comparison, threshold)
     "random_vs_pyarrow": ("(a) random reads: lazyseq / pyarrow by hand, us per read", "<=", 1.2),
     "random_vs_datasets": ("(a) random reads: datasets ds[i] / lazyseq, us per read", ">=", 10.0),
+    "held_vs_pyarrow": ("(a) reads in held row groups: lazyseq / pyarrow by hand", "<=", 1.2),
+    "held_vs_datasets": ("(a) reads in held row groups: datasets ds[i] / lazyseq", ">=", 10.0),
+    "all_held_vs_datasets": ("(a) random reads, cache = every row group: datasets / lazyseq", ">=", 10.0),
     "epoch_vs_iter_batches": ("(b) epoch (cache=8): lazyseq / sequential iter_batches, items/s", ">=", 0.8),
     "epoch_vs_datasets": ("(b) epoch (cache=8): lazyseq / datasets shuffle().iter, items/s", ">", 1.0),
     "epoch_vs_ray": ("(b) epoch (cache=8): lazyseq / Ray Data iter_batches, items/s", ">", 1.0),
@@ -60,141 +66,18 @@ TARGETS = {  # key: (what, comparison, threshold)
 }
 HAND = ("pyarrow by hand, slice().to_pylist()", "pyarrow by hand, column[j].as_py()")
 LAZY = ("lazyseq DataLoader, cache=4 (default)", "lazyseq DataLoader, cache=8")
+IN_READER = "lazyseq DataLoader, cache=8, num_workers=0"  # the same loader without workers
+ALL = "lazyseq, cache = every row group"
+HELD = "held row groups"  # (a)'s order of random rows of the row groups both readers hold
 HF, RAY, ITER = "datasets ds[i]", "Ray Data", "pyarrow iter_batches, sequential"
-
-
-# -- the data ---------------------------------------------------------------------------------------
-def write_files(root: str, rows: int, files: int, group: int, **options: Any) -> list[str]:
-    """``files`` Parquet files of ``rows // files`` rows each, row groups of ``group`` rows (``options``:
-    more of ``pyarrow.parquet.write_table``'s)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    per, paths = rows // files, []
-    for k in range(files):
-        rng, ids = np.random.default_rng(k), np.arange(k * per, (k + 1) * per)
-        sizes = 2560 + rng.integers(0, 1024, per)
-        off = np.zeros(per + 1, np.int32)
-        np.cumsum(sizes, out=off[1:])
-        data = rng.integers(0, 256, int(off[-1]), dtype=np.uint8)
-        data[off[:-1]], data[off[:-1] + 1], data[off[1:] - 2], data[off[1:] - 1] = 0xFF, 0xD8, 0xFF, 0xD9
-        image = pa.Array.from_buffers(pa.binary(), per, [None, pa.py_buffer(off), pa.py_buffer(data)])
-        table = pa.table({"image": image, "label": ids % 1000, "text": [f"a photo of item {i}, class {i % 1000}" for i in ids]})
-        paths.append(os.path.join(root, f"part-{k:05d}.parquet"))
-        pq.write_table(table, paths[-1], row_group_size=group, **options)
-    return paths
-
-
-class ByHand:
-    """pyarrow by hand: the last ``cache`` decoded row groups kept (least recently used out)."""
-
-    def __init__(self, paths: list[str], cache: int):
-        import pyarrow.parquet as pq
-
-        self.files = [pq.ParquetFile(p) for p in paths]
-        self.groups = [(k, r, f.metadata.row_group(r).num_rows) for k, f in enumerate(self.files)
-                       for r in range(f.metadata.num_row_groups)]
-        self.starts = np.cumsum([0] + [n for _, _, n in self.groups]).tolist()
-        self.cache, self.held = cache, collections.OrderedDict()
-
-    def _table(self, i: int) -> tuple[Any, int]:
-        import bisect
-
-        g = bisect.bisect_right(self.starts, i) - 1
-        t = self.held.get(g)
-        if t is None:
-            k, r, _ = self.groups[g]
-            t = self.held[g] = self.files[k].read_row_group(r, use_threads=False)
-            if len(self.held) > self.cache:
-                self.held.popitem(last=False)
-        else:
-            self.held.move_to_end(g)
-        return t, i - self.starts[g]
-
-    def by_slice(self, i: int) -> dict:
-        t, j = self._table(i)
-        return t.slice(j, 1).to_pylist()[0]
-
-    def by_columns(self, i: int) -> dict:
-        t, j = self._table(i)
-        return {name: col[j].as_py() for name, col in zip(t.column_names, t.columns)}
-
-
-def plain(row: dict) -> dict:
-    """A row's values as Python's (numpy scalars by ``.item()``), to compare readers."""
-    return {k: v.item() if isinstance(v, (np.generic, np.ndarray)) else v for k, v in row.items()}
-
-
-def load_hf(paths: list[str], root: str) -> tuple[Any, float]:
-    """``datasets.load_dataset('parquet', data_files=paths, split='train')``, its caches under ``root``
-    (offline: nothing looked up on the Hub); and the seconds its conversion took."""
-    env = {"HF_HOME": os.path.join(root, "hf-home"), "HF_DATASETS_CACHE": os.path.join(root, "hf-cache"),
-           "HF_HUB_OFFLINE": "1"}
-    before = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # read when datasets is imported: keep out of the user's caches
-    try:
-        import datasets
-
-        datasets.disable_progress_bars()
-        datasets.logging.set_verbosity_error()
-        t = time.perf_counter()
-        ds = datasets.load_dataset("parquet", data_files=paths, split="train", cache_dir=env["HF_DATASETS_CACHE"])
-        return ds, time.perf_counter() - t
-    finally:
-        for k, v in before.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-
-
-def arrow_of() -> Callable | None:
-    """``lazyseq.formats.arrow.arrow``, or None where it is not there yet."""
-    try:
-        from lazyseq.formats.arrow import arrow
-    except ImportError:
-        return None
-    return arrow
-
-
-# -- timing -----------------------------------------------------------------------------------------
-def per_read(readers: dict[str, Callable[[int], Any]], keys: list[int], rounds: int) -> dict[str, float]:
-    """Microseconds per read of ``keys``: the best of ``rounds``, the readers alternating."""
-    best = {name: float("inf") for name in readers}
-    for _ in range(rounds):
-        for name, one in readers.items():
-            t = time.perf_counter()
-            for i in keys:
-                one(i)
-            best[name] = min(best[name], (time.perf_counter() - t) / len(keys) * 1e6)
-    return best
-
-
-def epoch_rate(batches: Iterator[dict], n: int, labels: int) -> tuple[float, float]:
-    """Items/s of one epoch's batches timed from the first, and the seconds to the first; every row
-    read once (their count and their labels' sum checked)."""
-    t = time.perf_counter()
-    first = next(batches)
-    start = time.perf_counter()
-    count, total = len(first["label"]), int(np.sum(first["label"]))
-    for b in batches:
-        count, total = count + len(b["label"]), total + int(np.sum(b["label"]))
-    seconds = time.perf_counter() - start
-    if count != n or total != labels:
-        raise AssertionError(f"bench formats: an epoch read {count} rows (labels' sum {total}), not {n} ({labels})")
-    return (n - len(first["label"])) / seconds, start - t
-
-
-def iter_batches(paths: list[str], seed: int) -> Iterator[dict]:
-    """A sequential pass (``seed`` unused): each batch's columns as the DataLoader's collate gives them."""
-    import pyarrow.parquet as pq
-
-    for p in paths:
-        for b in pq.ParquetFile(p).iter_batches(BATCH):
-            yield {"image": b.column(0).to_pylist(), "label": b.column(1).to_numpy(), "text": b.column(2).to_pylist()}
 
 
 # -- the parts --------------------------------------------------------------------------------------
 def part_a(root: str, paths: list[str], ds: Any, n: int, sizes: dict[str, int], rounds: int) -> dict:
     pq, hand = lazyseq.parquet(root), ByHand(paths, CACHE)
-    readers: dict[str, Callable[[int], Any]] = {"lazyseq": pq.__getitem__, HAND[0]: hand.by_slice, HAND[1]: hand.by_columns}
+    every = lazyseq.parquet(root, cache=pq.blocks)
+    readers: dict[str, Callable[[int], Any]] = {"lazyseq": pq.__getitem__, HAND[0]: hand.by_slice, HAND[1]: hand.by_columns,
+                                                ALL: every.__getitem__}
     if ds is not None:
         readers[HF] = ds.__getitem__
     for i in sorted({0, n - 1, *range(0, n, max(1, n // 37))}):
@@ -203,7 +86,8 @@ def part_a(root: str, paths: list[str], ds: Any, n: int, sizes: dict[str, int], 
             if plain(one(i)) != want:
                 raise AssertionError(f"bench formats: {name} gives another row {i} than pyarrow's")
     rng = np.random.default_rng(0)
-    orders = {"random": rng.integers(0, n, sizes["random"]).tolist()}
+    orders = {"random": rng.integers(0, n, sizes["random"]).tolist(),
+              HELD: rng.integers(0, pq.cuts[CACHE - 1], sizes[HELD]).tolist()}  # rows of the first CACHE row groups
     for window in (WINDOW, CACHE):
         orders[f"block_shuffle, window {window}"] = [
             int(i) for i in lazyseq.block_shuffle(range(n), pq.cuts, seed=0, window=window)[: sizes[f"window {window}"]]]
@@ -216,10 +100,10 @@ def part_b(root: str, paths: list[str], ds: Any, n: int, rounds: int, ray: bool)
 
     labels = sum(int(pq_.read_table(p, columns=["label"]).column(0).to_numpy().sum()) for p in paths)
     loaders = {}
-    for name, cache in zip(LAZY, (CACHE, WINDOW)):
+    for name, cache, workers in zip((*LAZY, IN_READER), (CACHE, WINDOW, WINDOW), (NWORKERS, NWORKERS, 0)):
         pq = lazyseq.parquet(root, cache=cache)
         loaders[name] = lazyseq.DataLoader(lazyseq.block_shuffle(pq, pq.cuts, seed=0), batch_size=BATCH,
-                                           num_workers=NWORKERS, to_tensor=False)
+                                           num_workers=workers, to_tensor=False)
     epochs: dict[str, Callable[[int], Iterator[dict]]] = {ITER: lambda r: iter_batches(paths, r)}
     for name, loader in loaders.items():
         epochs[name] = lambda r, loader=loader: iter(loader)  # epoch r: the loader's next epoch
@@ -313,7 +197,7 @@ def show_a(a: dict, hf_build: float | None, rounds: int) -> None:
     print(f"\n(a) single-row reads, us per read (x: this reader's time / lazyseq's); best of {rounds}; keys: "
           + ", ".join(f"{o} {a['keys'][o]}" for o in orders))
     print(f"{'':40s}" + "".join(f"{o:>26s}" for o in orders))
-    for name in ["lazyseq", *HAND, HF]:
+    for name in ["lazyseq", *HAND, ALL, HF]:
         cells = []
         for o in orders:
             v, mine = a["us_per_read"][o].get(name), a["us_per_read"][o]["lazyseq"]
@@ -321,7 +205,9 @@ def show_a(a: dict, hf_build: float | None, rounds: int) -> None:
         print(f"{name:40s}" + "".join(cells))
     print(f"lazyseq: parquet(dir)[i], cache={CACHE} decoded row groups; pyarrow by hand: the last {CACHE} "
           "read_row_group(rg, use_threads=False)\n  tables kept (LRU), then the row by slice or by column; "
-          "datasets: load_dataset('parquet', ...)[i], python format")
+          "datasets: load_dataset('parquet', ...)[i], python format;\n  "
+          f"'{HELD}': random rows of the first {CACHE} row groups (both readers hold them after their first reads); "
+          f"'{ALL}':\n  parquet(dir, cache=<row groups>), every row group decoded once (its first round) and held")
     if hf_build is not None:
         print(f"  (datasets' one-off conversion of the files to its Arrow cache, load_dataset: {hf_build:.1f} s, apart)")
 
@@ -332,7 +218,7 @@ def show_b(b: dict, rounds: int) -> None:
     mine = rates[LAZY[1]]
     print(f"\n(b) one shuffled epoch in batches of {BATCH}, items/s timed from the first batch; best of {rounds} "
           f"(Ray: 1)\n{'':40s}{'items/s':>10s}{'first s':>9s}{'lazyseq cache=8 x':>19s}")
-    for name in [ITER, *LAZY, "datasets shuffle().iter, python", "datasets shuffle().iter, numpy", RAY]:
+    for name in [ITER, *LAZY, IN_READER, "datasets shuffle().iter, python", "datasets shuffle().iter, numpy", RAY]:
         if name == RAY and ray is not None:
             if "failed" in ray:
                 print(f"{name:40s}  failed: {ray['failed']}")
@@ -391,8 +277,12 @@ def target_values(res: dict) -> tuple[dict, dict]:
     a, b, c, d = res["random"]["us_per_read"]["random"], res["epoch"], res["remote"], res["arrow"]
     mine, rates, ray = b["items_per_s"][LAZY[1]], b["items_per_s"], b["ray"] or {}
     hf = [rates[k] for k in rates if k.startswith("datasets")]
+    held = res["random"]["us_per_read"][HELD]
     values = {"random_vs_pyarrow": a["lazyseq"] / min(a[h] for h in HAND),
               "random_vs_datasets": a[HF] / a["lazyseq"] if HF in a else None,
+              "held_vs_pyarrow": held["lazyseq"] / min(held[h] for h in HAND),
+              "held_vs_datasets": held[HF] / held["lazyseq"] if HF in held else None,
+              "all_held_vs_datasets": a[HF] / a[ALL] if HF in a else None,
               "epoch_vs_iter_batches": mine / rates[ITER], "epoch_vs_datasets": mine / max(hf) if hf else None,
               "epoch_vs_ray": mine / ray["items_per_s"] if "items_per_s" in ray else None,
               "remote_prefetch_vs_loop": c[f"prefetch, {THREADS} threads"]["rows_per_s"] / c["plain loop"]["rows_per_s"],
@@ -401,7 +291,8 @@ def target_values(res: dict) -> tuple[dict, dict]:
               "arrow_vs_datasets": (d["us_per_read"]["datasets numpy ds[i]"] / d["us_per_read"]["lazyseq arrow(ds)"]
                                     if "us_per_read" in d else None)}
     no_hf = "datasets not installed"
-    why = {"random_vs_datasets": no_hf, "epoch_vs_datasets": no_hf, "arrow_vs_datasets": d.get("skipped", ""),
+    why = {"random_vs_datasets": no_hf, "held_vs_datasets": no_hf, "all_held_vs_datasets": no_hf,
+           "epoch_vs_datasets": no_hf, "arrow_vs_datasets": d.get("skipped", ""),
            "epoch_vs_ray": ray.get("failed", "not run with --quick" if res["quick"] else "ray not installed")}
     return values, why
 
@@ -410,8 +301,8 @@ def target_values(res: dict) -> tuple[dict, dict]:
 def run(quick: bool = False) -> dict:
     """Write the files, run (a) to (d), print their tables and the targets; returns the results."""
     rows, files, group, rounds = (2_000, 2, 100, 1) if quick else (100_000, 8, 1_000, 3)
-    sizes = {"random": 100, f"window {WINDOW}": 100, f"window {CACHE}": 400} if quick else \
-        {"random": 500, f"window {WINDOW}": 500, f"window {CACHE}": 8_000}
+    sizes = {"random": 100, HELD: 400, f"window {WINDOW}": 100, f"window {CACHE}": 400} if quick else \
+        {"random": 500, HELD: 8_000, f"window {WINDOW}": 500, f"window {CACHE}": 8_000}
     hf, ray = importlib.util.find_spec("datasets") is not None, not quick and importlib.util.find_spec("ray") is not None
     for name, have in (("datasets", hf), ("ray", ray or quick)):
         if not have:

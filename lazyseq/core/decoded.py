@@ -11,6 +11,8 @@ cache and fresh locks (a parent's thread may have held one at the fork).
 >>> c = DecodedCache(2)
 >>> c.get(0, lambda k: [k] * 3), c.get(1, str), c.get(2, float), c.held()
 ([0, 0, 0], '1', 2.0, [1, 2])
+>>> c.peek(1), c.peek(0), c.held()  # a held block counts as used; one not held is not decoded
+('1', None, [2, 1])
 """
 
 from __future__ import annotations
@@ -59,8 +61,26 @@ class DecodedCache:
         self._reset()
         return False
 
+    def peek(self, key: Hashable) -> Any:
+        """The block ``key`` if it is held (counted as used), else None; takes no lock: a hit is a
+        lookup and a move in the LRU order, each one step under the GIL (an eviction between the
+        two leaves the block with this reader, as a hit under the lock would)."""
+        if self._fork != _forks[0]:
+            return None
+        data = self._held.get(key)
+        if data is not None:
+            try:
+                self._held.move_to_end(key)
+            except KeyError:  # evicted meanwhile by another thread
+                pass
+            self.last = (key, data)
+        return data
+
     def get(self, key: Hashable, decode: Callable[[Hashable], Any]) -> Any:
         """The block ``key``: held, being decoded by another thread (waited for), or ``decode(key)`` here."""
+        data = self.peek(key)
+        if data is not None:
+            return data
         self.fresh()
         with self._lock:
             while True:
@@ -93,10 +113,6 @@ class DecodedCache:
         key, _ = self._held.popitem(last=False)
         if self.last[0] == key:
             self.last = (None, None)
-
-    def has(self, key: Hashable) -> bool:
-        """Whether block ``key`` is decoded in memory now (no lock: a hint, true a moment ago)."""
-        return self._fork == _forks[0] and key in self._held
 
     def held(self) -> list:
         """The keys of the blocks in memory, least recently used first."""

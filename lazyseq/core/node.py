@@ -188,6 +188,22 @@ def _levels_below(node: Node) -> int:
 _NODE_TYPES: dict[type, bool] = {}
 
 
+def fork_unsafe(src: Any, most: int = 10_000) -> str | None:
+    """The description of a view in ``src``'s tree that a forked child cannot read (its class says
+    ``fork_safe = False``: a Lance dataset, whose runtime threads do not survive a fork), or None;
+    at most ``most`` views are looked at."""
+    stack, seen = [src], set()
+    while stack and len(seen) < most:
+        node = stack.pop()
+        if not is_node(node) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if getattr(node, "fork_safe", True) is False:
+            return node.describe()
+        stack.extend(node.children())
+    return None
+
+
 def is_node(src: Any) -> bool:
     """``isinstance(src, Node)``, without the ABC machinery's cost on every read (``Node`` is a
     ``Sequence``, so a plain ``isinstance`` runs Python code: ~0.4 us, as much as a whole read)."""

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..core.base import View
-from ..core.node import Exhausted, check_source, is_finite, length
+from ..core.node import Exhausted, check_source, fork_unsafe, is_finite, length
 from ..errors import EvaluationError, PrefetchClosed, PrefetchTimeout, passthrough, wrap_error
 from ..helpers import usable_cores
 from . import wire
@@ -81,6 +81,8 @@ class Prefetch(View):
         if method == "ray" and (missing := ray_missing()) is not None:
             raise ImportError(missing)
         self.ray_options, self.address = (dict(ray_options) if ray_options is not None else None), address
+        if mp_context is None and method == "process":
+            mp_context = _start_method(seq)
         if isinstance(mp_context, str) or mp_context is None:
             mp_context = multiprocessing.get_context(mp_context)
         if nworkers <= 0:  # Ray: the cluster's CPUs (connecting to it now)
@@ -278,6 +280,15 @@ class Prefetch(View):
         return f"prefetch({self.nworkers} {what}, max_buffered={self.max_buffered}{shm})"
 
 
+def _start_method(seq: Any) -> str | None:
+    """The default start method, unless it is ``fork`` and the pipeline holds a view a forked child
+    cannot read (:func:`~lazyseq.core.node.fork_unsafe`): then ``forkserver`` (or ``spawn``), whose
+    workers open their own files, as such a view's do."""
+    if multiprocessing.get_context().get_start_method() != "fork" or fork_unsafe(seq) is None:
+        return None
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
 def prefetch(seq: Any, nworkers: int = 0, method: str = "thread", max_buffered: int | None = None,
              start_hook: Callable | None = None, shm_size: int = 0, *, mp_context: Any = None,
              timeout: float | None = None, lazy_start: bool = False, ray_options: Mapping | None = None,
@@ -301,13 +312,17 @@ def prefetch(seq: Any, nworkers: int = 0, method: str = "thread", max_buffered: 
       ``nworkers`` where that is more, so that every worker has work (32 threads reading from
       object storage keep 32 requests in flight).
     - ``shm_size``: bytes of shared memory for process workers, split into ``max_buffered`` slots.
-      Every numpy array, bytearray and large bytes object of a result is written into the job's
-      slot and read back as a zero-copy view; the slot is reused only when no array built on it is
+      Every numpy array, bytearray and large bytes object of a result (and a list of small bytes,
+      as one buffer) is written into the job's slot and read back as a zero-copy view (bytes as
+      copies); the slot is reused only when no array built on it is
       alive in the reader. What does not fit a slot goes through the pipe (warned once, counted
       in ``stats()['fallbacks']``). ``lazyseq.empty``/``empty_like`` build arrays in the slot
       directly, saving that copy.
     - ``start_hook(worker_index)`` runs once in every worker before its first item.
-    - ``mp_context``: ``'fork'``, ``'forkserver'``, ``'spawn'`` or a multiprocessing context.
+    - ``mp_context``: ``'fork'``, ``'forkserver'``, ``'spawn'`` or a multiprocessing context; by
+      default the platform's, except that a pipeline holding a view a forked child cannot read
+      (a ``lazyseq.lance`` dataset) starts its workers with ``'forkserver'`` where the default is
+      ``'fork'`` (the main script is then imported again in the workers: guard it).
     - ``timeout``: seconds to wait for one item before :class:`lazyseq.PrefetchTimeout`.
     - ``lazy_start``: start workers at the first read rather than now.
     - ``ray_options`` (``method='ray'``): Ray actor options, e.g. ``{"num_cpus": 2}`` or

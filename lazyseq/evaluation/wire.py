@@ -158,6 +158,41 @@ def _swap(x: Any) -> Any:
     return _Bytes(x) if (t is bytes or t is bytearray) and len(x) >= PAGE else x
 
 
+def _bytes_list(data: Any, ends: bytes) -> list[bytes]:
+    m, out, start = memoryview(data), [], 0
+    for end in np.frombuffer(ends, np.int64).tolist():
+        out.append(bytes(m[start:end]))
+        start = end
+    return out
+
+
+class _BytesList:
+    """A list of ``bytes`` (a batch's images, say) of ``PAGE`` bytes or more in all, each one
+    smaller: one out-of-band buffer of them all, their ends in-band, rather than each in the pickle."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[bytes]):
+        self.items = items
+
+    def __reduce_ex__(self, protocol: int):
+        ends = np.cumsum([len(b) for b in self.items], dtype=np.int64)
+        return _bytes_list, (pickle.PickleBuffer(b"".join(self.items)), ends.tobytes())
+
+
+def _pack(x: Any) -> Any:
+    """``x`` for the pickler: a plain list of bytes objects that add up to ``PAGE`` bytes or more
+    as one :class:`_BytesList`, every large ``bytes`` as a :class:`_Bytes` (:func:`_swap`)."""
+    t = type(x)
+    if t is list and len(x) > 1 and all(type(b) is bytes for b in x) and sum(map(len, x)) >= PAGE:
+        return _BytesList(x)
+    if t is dict:
+        return {k: _pack(v) for k, v in x.items()}
+    if t is list or t is tuple:
+        return t(_pack(v) for v in x)
+    return x if t in _PLAIN else tree.map(_swap, x)
+
+
 _PLAIN = frozenset((int, float, bool, type(None), str, np.ndarray))  # leaves that are never large bytes
 
 
@@ -194,7 +229,7 @@ def dump_chunk(items: list, job: JobSlot | None) -> tuple[bytes, list[tuple[int,
         return False
 
     f = io.BytesIO()
-    items = [x if type(x) in _PLAIN else tree.map(_swap, x) for x in items]
+    items = [x if type(x) in _PLAIN else _pack(x) for x in items]
     try:
         pickle.Pickler(f, protocol=5, buffer_callback=place).dump(items)
     except Exception:

@@ -174,18 +174,22 @@ def _same_host_redirects() -> Any:
     its reader's requests, and their credentials, elsewhere)."""
     import aiohttp
 
-    async def check(session: Any, ctx: Any, params: Any) -> None:
-        to = params.response.headers.get("Location", "")
-        target = params.response.url.join(aiohttp.client.URL(to)) if to else params.response.url
-        if (target.scheme, target.host, target.port) != (params.url.scheme, params.url.host, params.url.port):
-            raise RedirectRefused(f"the server redirected {redact(str(params.url))} to another host "
-                                  f"({target.scheme}://{target.host}): lazyseq does not follow redirects to another host; "
-                                  "use the final URL")
-
     trace = aiohttp.TraceConfig()
-    trace.on_request_redirect.append(check)
+    trace.on_request_redirect.append(_refuse_other_hosts)
     return trace
 
+
+async def _refuse_other_hosts(session: Any, ctx: Any, params: Any) -> None:
+    # a module function, not a closure: aiohttp's sessions hold their traces in reference cycles, and
+    # a closure of lazyseq's inside one would be left for the cyclic collector with them
+    import aiohttp
+
+    to = params.response.headers.get("Location", "")
+    target = params.response.url.join(aiohttp.client.URL(to)) if to else params.response.url
+    if (target.scheme, target.host, target.port) != (params.url.scheme, params.url.host, params.url.port):
+        raise RedirectRefused(f"the server redirected {redact(str(params.url))} to another host "
+                              f"({target.scheme}://{target.host}): lazyseq does not follow redirects to another host; "
+                              "use the final URL")
 
 
 # -- what a failure means, and the tries of a read ------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -94,11 +95,8 @@ class Blocks(View):
 
     def _get(self, i: int) -> Any:
         b, j = self._where(i)
-        last = self._decoded.last
-        if last[0] == b and self._decoded.fresh():  # a run of reads in one block takes no lock
-            return last[1].row(j)
-        del last  # not held while another block is decoded
-        return self._block(b).row(j)
+        rows = self._decoded.peek(b)  # a held block: no lock
+        return (rows if rows is not None else self._block(b)).row(j)
 
     def _grouped(self, idx: Sequence[int], past_failures: bool) -> list:
         """Decode every block once for all its rows in ``idx``: the blocks in memory first, then
@@ -135,11 +133,30 @@ class Blocks(View):
         return True
 
     def _get_columns(self, idx: np.ndarray) -> Any:
-        """``default_collate`` of items ``idx`` built from the decoded blocks' Arrow columns (one
-        ``take`` per block), or NotImplemented (:func:`~lazyseq.formats.values.collate`)."""
+        """``default_collate`` of items ``idx`` built from the decoded blocks' columns (numpy gathers
+        and slices of their buffers: :meth:`Rows.columns`), or where a column is not read so, from
+        one Arrow ``take`` per block; NotImplemented where items would not stack so
+        (:func:`~lazyseq.formats.values.collate`)."""
+        a = np.asarray(idx, dtype=np.int64)
+        if not len(a):
+            return NotImplemented
+        parts: list[tuple[np.ndarray, list]] = []
+        for b, ats in self._groups(a):
+            block = self._block(b)
+            names = getattr(block, "names", None)
+            cols = block.columns(a[ats] - self._starts[b]) if hasattr(block, "columns") else None
+            block = None  # not held while the next block is decoded: the cache bound holds
+            if cols is None:
+                return self._take_columns(a)
+            if any(c is NotImplemented for c in cols):
+                return NotImplemented
+            parts.append((ats, cols))
+        return _merge(names, parts, len(a))
+
+    def _take_columns(self, a: np.ndarray) -> Any:
+        """:meth:`_get_columns` by Arrow: one ``take`` per block, the parts joined, then collated."""
         import pyarrow as pa
 
-        a = np.asarray(idx, dtype=np.int64)
         parts, order = [], []
         for b, ats in self._groups(a):
             block = self._block(b)
@@ -148,8 +165,6 @@ class Blocks(View):
             parts.append(block.table.take(pa.array(a[ats] - self._starts[b])))
             order.append(ats)
             block = None  # not held while the next block is decoded: the cache bound holds
-        if not parts:
-            return NotImplemented
         table = pa.concat_tables([pa.Table.from_batches([p]) if isinstance(p, pa.RecordBatch) else p for p in parts])
         sort = np.concatenate(order)
         if not (np.diff(sort) > 0).all():  # back to the order asked
@@ -158,3 +173,24 @@ class Blocks(View):
 
     def _get_each(self, idx: Sequence[int], out: list | None = None) -> list:
         return into(out, self._grouped(idx, True))
+
+
+def _merge(names: list[str], parts: list[tuple[np.ndarray, list]], n: int) -> Any:
+    """The columns of ``parts`` (each block's positions in the batch and its columns) as one batch
+    in the order asked; NotImplemented where blocks' arrays differ in shape (lists of other lengths)."""
+    if len(parts) == 1 and (parts[0][0] == np.arange(n)).all():
+        return dict(zip(names, parts[0][1]))
+    out = {}
+    back = np.argsort(np.concatenate([ats for ats, _ in parts]), kind="stable") if n > 1 else np.zeros(n, np.int64)
+    for c, name in enumerate(names):
+        first = parts[0][1][c]
+        if isinstance(first, np.ndarray):
+            if any(p[1][c].shape[1:] != first.shape[1:] or p[1][c].dtype != first.dtype for p in parts):
+                return NotImplemented
+            col = np.empty((n, *first.shape[1:]), first.dtype)
+            for ats, cols in parts:
+                col[ats] = cols[c]
+        else:  # the parts' values one after the other, then put in the order asked
+            col = list(itemgetter(*back.tolist())(list(itertools.chain.from_iterable(p[1][c] for p in parts))))
+        out[name] = col
+    return out

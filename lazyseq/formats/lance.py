@@ -90,6 +90,7 @@ class Lance(Blocks):
     decode a whole fragment, is never called; the cache holds windows of rows instead."""
 
     checks_keys = False
+    fork_safe = False  # Lance's runtime threads do not survive a fork: process workers start by forkserver
     _transient = ("_ds", "_pid")
 
     def __init__(self, uri: Any, columns: Sequence[str] | None, cache: int, storage_options: dict | None, strict: bool):
@@ -227,11 +228,7 @@ class Lance(Blocks):
     def _get(self, i: int) -> Any:
         b, j = self._where(i)
         k, r = divmod(j, self.window)
-        last = self._decoded.last
-        if last[0] == (b, k) and self._decoded.fresh():  # a run of reads in one window takes no lock
-            return last[1].row(r)
-        del last
-        return self._decoded.get((b, k), self._window).row(r)
+        return self._decoded.get((b, k), self._window).row(r)  # a held window takes no lock
 
     def _get_many(self, idx: Sequence[int]) -> list:
         return self._take(idx).rows(range(len(idx))) if len(idx) else []

@@ -155,15 +155,11 @@ class Parquet(Blocks):
 
     def _get(self, i: int) -> Any:
         b, j = self._where(i)
-        last = self._decoded.last
-        if last[0] == b and self._decoded.fresh():  # a run of reads in one row group takes no lock
-            return last[1].row(j)
-        del last  # not held while another block is decoded
-        if not self._decoded.has(b):
-            row = self._from_pages(b, j)
-            if row is not None:
-                return row
-        return self._block(b).row(j)
+        rows = self._decoded.peek(b)  # a held row group: no lock
+        if rows is not None:
+            return rows.row(j)
+        row = self._from_pages(b, j)
+        return row if row is not None else self._block(b).row(j)
 
     def _from_pages(self, b: int, j: int) -> dict | None:
         """Row ``j`` of block ``b`` from the one page of each column that holds it, or None where a

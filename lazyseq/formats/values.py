@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Rows", "getter", "collate"]
+__all__ = ["Rows", "getter", "gatherer", "collate"]
 
 Getter = Callable[[int], Any]
 
@@ -78,13 +78,20 @@ def _offsets(arr: Any) -> np.ndarray:
     return np.frombuffer(arr.buffers()[1], np.int64 if wide else np.int32, len(arr) + 1, arr.offset * (8 if wide else 4))
 
 
+def _int_offsets(arr: Any) -> memoryview | np.ndarray:
+    """The offsets of :func:`_offsets` as a memoryview of the buffer, whose items are Python ints
+    (a numpy scalar costs an ``int()`` per use; a list, a conversion per block however few rows are read)."""
+    off = _offsets(arr)
+    return memoryview(off).cast("B").cast(off.dtype.char) if len(off) else off
+
+
 def _text(arr: Any, as_str: bool) -> Getter:
     data = arr.buffers()[2]
     data = memoryview(data) if data is not None else memoryview(b"")
-    off = _offsets(arr)  # numpy, not a list: a block is read a few rows at a time as often as whole
+    off = _int_offsets(arr)
     if as_str:
-        return _with_nulls(arr, lambda j: str(data[int(off[j]) : int(off[j + 1])], "utf-8"))
-    return _with_nulls(arr, lambda j: bytes(data[int(off[j]) : int(off[j + 1])]))
+        return _with_nulls(arr, lambda j: str(data[off[j] : off[j + 1]], "utf-8"))
+    return _with_nulls(arr, lambda j: bytes(data[off[j] : off[j + 1]]))
 
 
 def _fixed_binary(arr: Any) -> Getter:
@@ -98,7 +105,7 @@ def _list(arr: Any) -> Getter:
         w = arr.type.list_size
         values, off = arr.values.slice(arr.offset * w, len(arr) * w), range(0, (len(arr) + 1) * w, w)
     else:
-        values, off = arr.values, _offsets(arr)
+        values, off = arr.values, _int_offsets(arr)
     inner = getter(values)
     if not _numeric(_storage_type(values.type)):
         return _with_nulls(arr, lambda j: [inner(k) for k in range(off[j], off[j + 1])])
@@ -176,18 +183,75 @@ def getter(arr: Any) -> Getter:
     return lambda j: arr[j].as_py()  # timestamps, decimals, maps, views, unions: as pyarrow gives them
 
 
+Gather = Callable[[np.ndarray], Any]
+
+
+def gatherer(arr: Any) -> Gather | None:
+    """``gather(js)``: ``default_collate`` of rows ``js`` (an int64 array) of the Arrow array
+    ``arr``, built from the decoded buffers without an Arrow ``take`` (numbers and lists of
+    numbers: one numpy gather; strings and bytes: one slice of the data each); NotImplemented for
+    lists of unequal lengths. None where the column is not gathered so (nulls, dictionaries,
+    structs, other types: the caller takes the rows by Arrow, :func:`collate`)."""
+    pa = _pa()
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    arr = _storage(arr)
+    kind = _kind(arr.type)
+    if arr.null_count or not len(arr) or kind not in ("number", "str", "bytes", "list"):
+        return None
+    if kind == "number":
+        return _numbers(arr).__getitem__  # a fancy index: a new array, as default_collate's
+    if kind == "str":  # short, mostly: made once per block by Arrow (~35 ns each), then shared
+        texts = arr.to_pylist()
+        return lambda js: [texts[j] for j in js.tolist()]
+    if kind == "bytes":  # images, mostly: a copy of each one asked for, never of the whole block
+        data, off = memoryview(arr.buffers()[2] or b""), _int_offsets(arr)
+        return lambda js: [bytes(data[off[j] : off[j + 1]]) for j in js.tolist()]
+    values = _storage(arr.values)
+    if not _numeric(values.type):
+        return None
+    if pa.types.is_fixed_size_list(arr.type):
+        w = arr.type.list_size
+        values = values.slice(arr.offset * w, len(arr) * w)
+        if values.null_count:
+            return None
+        return _numbers(values).reshape(len(arr), w).__getitem__
+    if values.null_count:
+        return None
+    flat, off = _numbers(values), _offsets(arr).astype(np.int64)
+
+    def gather(js: np.ndarray) -> Any:
+        first, n = off[js], off[js + 1] - off[js]
+        if len(n) and (n != n[0]).any():
+            return NotImplemented
+        return flat[first[:, None] + np.arange(n[0] if len(n) else 0)]
+
+    return gather
+
+
 class Rows:
     """The rows of a decoded block (an Arrow Table or RecordBatch) as dicts ``{column: value}``, in
-    the block's column order: ``row(j)``, ``rows(js)``; ``table`` is the block (for reads by
-    columns). Built once per block, read many times."""
+    the block's column order: ``row(j)``, ``rows(js)``, and by columns ``columns(js)``; ``table``
+    is the block (for reads by Arrow). Built once per block, read many times."""
 
-    __slots__ = ("names", "getters", "n", "table")
+    __slots__ = ("names", "getters", "n", "table", "_gathers")
 
     def __init__(self, block: Any):
         self.names = list(block.schema.names)
         self.getters = [getter(block.column(k)) for k in range(block.num_columns)]
         self.n = block.num_rows
         self.table = block
+        self._gathers: list | None = None  # made at the first read by columns: most blocks see none
+
+    def columns(self, js: np.ndarray) -> list | None:
+        """``default_collate`` of rows ``js`` column by column (:func:`gatherer`), in the block's
+        column order; None where a column is not gathered so, NotImplemented where its rows would
+        not stack."""
+        if self._gathers is None:
+            self._gathers = [gatherer(self.table.column(k)) for k in range(len(self.names))]
+        if None in self._gathers:
+            return None
+        return [gather(js) for gather in self._gathers]
 
     def __len__(self) -> int:
         return self.n

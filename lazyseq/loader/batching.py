@@ -60,11 +60,14 @@ def _stack(xs: list) -> Any:
 
 
 def buffer_bytes(x: Any) -> tuple[int, int]:
-    """Bytes and count of the array buffers in a (nested) sample: a number counts 8 bytes."""
+    """Bytes and count of the array buffers in a (nested) sample: a number counts 8 bytes; a
+    ``bytes`` value its length (a batch's list of them travels as one buffer in the slot)."""
     nbytes = nbuf = 0
     for v in tree.leaves(x):
         if isinstance(v, (bool, int, float, complex, np.generic)):
             nbytes, nbuf = nbytes + 8, nbuf + 1
+        elif isinstance(v, (bytes, bytearray)):
+            nbytes, nbuf = nbytes + len(v), nbuf + 1
         elif isinstance(v, np.ndarray) or (hasattr(v, "__array__") and not isinstance(v, (str, bytes))):
             nbytes, nbuf = nbytes + np.asarray(v).nbytes, nbuf + 1
     return nbytes, nbuf
