@@ -51,8 +51,24 @@ def test_single_reads_from_pages_equal_pyarrows(tmp_path, pages_always, options)
     assert v.held() == []  # no row group was decoded: every read came from pages
     assert v._pages is not None and len(v._pages.pages.held()) > 0
     assert max(len(index[0]) for index in v._pages.indexes.values()) > 3  # several pages per chunk: a read decodes one
-    assert [norm(r) for r in v._get_many([5, 2000])] == [rows[5], rows[2000]]  # a bulk read decodes its row groups
+    assert [norm(r) for r in v._get_many([5, 2000])] == [rows[5], rows[2000]]  # few rows of each: from pages too
+    assert v.held() == []
+    many = list(range(1600, 1700))  # 100 rows of 1500, more than one in SPARSE: the row group is decoded
+    assert [norm(r) for r in v._get_many(many)] == [rows[i] for i in many]
     assert v.held() == [1]
+
+
+def test_a_batch_of_rows_scattered_over_row_groups_reads_their_pages(tmp_path, pages_always):
+    path = str(tmp_path / "p.parquet")
+    pq.write_table(table(3000), path, row_group_size=500, write_page_index=True, data_page_size=512)
+    v = lazyseq.parquet(path, columns=["f", "b", "y", "fl"], cache=2)
+    order = [7, 2500, 40, 1333, 2999, 501]
+    b = lazyseq.batch(lazyseq.gather(v, order), 6, collate_fn=lazyseq.default_collate)[0]
+    want = lazyseq.default_collate([lazyseq.parquet(path, columns=["f", "b", "y", "fl"])[i] for i in order])
+    assert list(b) == list(want) and b["y"] == want["y"]
+    for k in ("f", "b", "fl"):
+        assert b[k].dtype == want[k].dtype and np.array_equal(b[k], want[k])
+    assert v.held() == []  # one row or two of each row group: pages, no row group decoded
 
 
 def test_without_an_offset_index_or_for_nested_columns_the_row_group_is_decoded(tmp_path, pages_always):

@@ -355,11 +355,16 @@ class RangeServer:
 STOPS = "It serves until it gets SIGINT (Ctrl-C) or SIGTERM (kill PID), then exits with status 0."
 
 
+_stopping = [False]
+
+
 def _stop(signum: int, frame: Any) -> None:
     """SIGINT's and SIGTERM's handler in :func:`main`: both stop the server as Ctrl-C does (further ones are
-    ignored while it closes)."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
+    ignored while it closes). It sets no handler itself: ``signal.signal`` called in a handler can raise
+    OSError ("ignored due to race condition") in place of the KeyboardInterrupt."""
+    if _stopping[0]:
+        return
+    _stopping[0] = True
     raise KeyboardInterrupt
 
 
@@ -402,7 +407,9 @@ def main(argv: list[str] | None = None) -> int:
             print(server.url, flush=True)
             _answer_lines(server)
             while True:
-                time.sleep(3600)  # a signal's handler raises KeyboardInterrupt here
+                # a signal's handler raises KeyboardInterrupt here; it runs when this thread wakes up, and
+                # a signal the kernel gives to a server thread does not wake it: hence short sleeps
+                time.sleep(0.2)
     except KeyboardInterrupt:
         pass
     finally:

@@ -103,9 +103,13 @@ class Blocks(View):
         the others in order."""
         a = np.asarray(idx, dtype=np.int64)
         out: list = [None] * len(a)
+        held = set(self._decoded.held())
         for b, ats in self._groups(a):
             try:
-                rows = self._block(b).rows((a[ats] - self._starts[b]).tolist())
+                js = (a[ats] - self._starts[b]).tolist()
+                rows = None if b in held else self._sparse(b, js)
+                if rows is None:
+                    rows = self._block(b).rows(js)
             except Exception as e:
                 if not past_failures:
                     raise
@@ -125,6 +129,15 @@ class Blocks(View):
         held = set(self._decoded.held())
         return sorted(zip(blocks.tolist(), np.split(sort, first[1:])), key=lambda g: g[0] not in held)
 
+    def _sparse_ok(self, b: int, n: int) -> bool:
+        """Whether :meth:`_sparse` would read ``n`` rows of block ``b`` (not held) without decoding it."""
+        return False
+
+    def _sparse(self, b: int, js: list[int]) -> list | None:
+        """Rows ``js`` of block ``b``, not held, read without decoding the block (a format that can:
+        Parquet's pages), or None: the block is decoded."""
+        return None
+
     def _get_many(self, idx: Sequence[int]) -> list:
         return self._grouped(idx, False)
 
@@ -141,7 +154,11 @@ class Blocks(View):
         if not len(a):
             return NotImplemented
         parts: list[tuple[np.ndarray, list]] = []
-        for b, ats in self._groups(a):
+        groups = self._groups(a)
+        held = set(self._decoded.held())
+        if any(b not in held and self._sparse_ok(b, len(ats)) for b, ats in groups):
+            return NotImplemented  # the items, read from their pages, then collated
+        for b, ats in groups:
             block = self._block(b)
             names = getattr(block, "names", None)
             cols = block.columns(a[ats] - self._starts[b]) if hasattr(block, "columns") else None

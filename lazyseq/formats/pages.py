@@ -137,38 +137,60 @@ class PageReader:
         self.indexes: dict[tuple[int, int, int], PageIndex] = {}
         self.pages = DecodedCache(capacity)
 
-    def value(self, opened: Opened, foot: Footer, key: tuple[int, int, int], field: int, rows: int, j: int,
-              where: str) -> Any:
-        """Row ``j`` of leaf column ``key[2]`` of row group ``key[1]`` of file ``key[0]`` (top-level
-        field ``field`` of its schema; the row group holds ``rows`` rows)."""
-        chunk = foot.chunks[key[1]][key[2]]
-        index = self.indexes.get(key)
-        if index is None:
-            index = self.indexes[key] = _read_index(opened, chunk, rows, where)
-        p = index.page(j)
-        first, get = self.pages.get((*key, p), lambda _: _decode(opened, foot, field, chunk, index, p, rows, where))
-        return get(j - first)
+    def row(self, opened: Opened, foot: Footer, cols: list[tuple[tuple[int, int, int], int]], rows: int, j: int,
+            where: str) -> list:
+        """Row ``j`` of each leaf column ``key = (file, row group, leaf)`` of ``cols`` (with its
+        top-level field in the schema), the row group holding ``rows`` rows: the offset indexes
+        not read yet are fetched at once, then the pages not held, at once (two round trips over
+        a URL, whatever the number of columns)."""
+        todo = [(key, foot.chunks[key[1]][key[2]]) for key, _ in cols if key not in self.indexes]
+        if todo:
+            raws = opened.read_many([_index_range(opened, chunk, where) for _, chunk in todo])
+            for (key, chunk), raw in zip(todo, raws):
+                self.indexes[key] = offset_index(raw, chunk, rows, where)
+        wanted = [(key, field, foot.chunks[key[1]][key[2]], self.indexes[key].page(j)) for key, field in cols]
+        missing = [w for w in wanted if self.pages.peek((*w[0], w[3])) is None]
+        fetched: dict = {}
+        if missing:
+            ranges = [r for key, _, chunk, p in missing for r in _page_ranges(chunk, self.indexes[key], p)]
+            parts = iter(opened.read_many(ranges))
+            for key, _, chunk, p in missing:
+                fetched[(*key, p)] = (next(parts), next(parts) if chunk.dictionary is not None else b"")
+        out = []
+        for key, field, chunk, p in wanted:
+            index, got = self.indexes[key], fetched.get((*key, p))
+            first, get = self.pages.get((*key, p), lambda _, c=chunk, f=field, i=index, q=p, g=got: _decode(
+                opened, foot, f, c, i, q, rows, where, g))
+            out.append(get(j - first))
+        return out
 
 
-def _read_index(opened: Opened, chunk: Chunk, rows: int, where: str) -> PageIndex:
+def _index_range(opened: Opened, chunk: Chunk, where: str) -> tuple[int, int]:
     off, n = chunk.index  # type: ignore[misc]
     if not (4 <= off and 0 < n <= MAX_INDEX and off + n <= opened.size - 8):
         raise StoreError(f"{where} is corrupted: the offset index of column {chunk.path!r} says it lies at bytes "
                          f"{off} to {off + n}, outside the file's data")
-    return offset_index(opened.read(off, off + n), chunk, rows, where)
+    return off, off + n
+
+
+def _page_ranges(chunk: Chunk, index: PageIndex, p: int) -> list[tuple[int, int]]:
+    """The byte ranges of data page ``p`` and of the column chunk's dictionary page (if any)."""
+    off, size = index[1][p]
+    return [(off, off + size)] + ([(chunk.dictionary, index[1][0][0])] if chunk.dictionary is not None else [])
 
 
 def _decode(opened: Opened, foot: Footer, field: int, chunk: Chunk, index: PageIndex, p: int, rows: int,
-            where: str) -> tuple[int, Any]:
-    """``(first row, getter)`` of data page ``p`` of ``chunk``, decoded as a one-page file."""
+            where: str, got: tuple[bytes, bytes] | None = None) -> tuple[int, Any]:
+    """``(first row, getter)`` of data page ``p`` of ``chunk``, decoded as a one-page file; ``got``:
+    the page's bytes and its dictionary's, where they were fetched already."""
     from .values import getter
 
     first = index[0][p]
     stop = index[0][p + 1] if p + 1 < len(index[0]) else rows
-    off, size = index[1][p]
-    ranges = [(off, off + size)] + ([(chunk.dictionary, index[1][0][0])] if chunk.dictionary is not None else [])
-    parts = opened.read_many(ranges)
-    page, dictionary = parts[0], (parts[1] if len(parts) > 1 else b"")
+    if got is None:
+        parts = opened.read_many(_page_ranges(chunk, index, p))
+        got = parts[0], (parts[1] if len(parts) > 1 else b"")
+    page, dictionary = got
     if len(page) < 1 or (chunk.dictionary is not None and len(dictionary) < 1):
         raise StoreError(f"{where} is corrupted: an empty page")
     where = f"{where}, column {chunk.path!r}, page {p}"

@@ -33,6 +33,7 @@ WHAT = "a Parquet file"
 FOOTER_THREADS = 16  # footers read at once when a view opens many files
 PAGES_PER_COLUMN = 4  # decoded pages kept per selected column and per row group of `cache`
 PAGE_READS = 4 * 2**20  # local files: single reads go page by page in row groups of this many bytes (selected) or more
+SPARSE = 64  # a bulk read takes a row group's rows from their pages when it asks for one in 64 or fewer
 TAIL = 64 * 2**10  # the last bytes read first: the footer of most files (one request over a URL)
 
 
@@ -161,9 +162,10 @@ class Parquet(Blocks):
         row = self._from_pages(b, j)
         return row if row is not None else self._block(b).row(j)
 
-    def _from_pages(self, b: int, j: int) -> dict | None:
-        """Row ``j`` of block ``b`` from the one page of each column that holds it, or None where a
-        column cannot be read so (:mod:`.pages`)."""
+    def _paged(self, b: int) -> tuple | None:
+        """``(opened, footer, plan, file, row group)`` where the rows of block ``b`` can be read page by
+        page (every selected column a simple one-leaf column with an offset index; a local file's
+        row group large enough), else None."""
         k, r = self._block_of[b]
         opened, md, foot = self._open(k)
         plan = self._plan(k, md)
@@ -172,11 +174,31 @@ class Parquet(Blocks):
             return None
         if opened.remote is None and sum(foot.chunks[r][c].nbytes for _, _, leaves in plan for c, _ in leaves) < PAGE_READS:
             return None  # a small row group of a local file decodes faster whole than page by page
+        return opened, foot, plan, k, r
+
+    def _from_pages(self, b: int, j: int) -> dict | None:
+        """Row ``j`` of block ``b`` from the one page of each column that holds it, or None where a
+        column cannot be read so (:mod:`.pages`)."""
+        paged = self._paged(b)
+        if paged is None:
+            return None
+        opened, foot, plan, k, r = paged
         if self._pages is None:
             self._pages = PageReader(PAGES_PER_COLUMN * self.cache * max(1, len(self.columns)))
         where = f"{shown(self.paths[k])} ({WHAT}), row group {r}"
-        return {name: self._pages.value(opened, foot, (k, r, leaves[0][0]), pos, self._rows[b], j, where)
-                for name, pos, leaves in plan}
+        values = self._pages.row(opened, foot, [((k, r, leaves[0][0]), pos) for _, pos, leaves in plan],
+                                 self._rows[b], j, where)
+        return dict(zip(self.columns, values))
+
+    def _sparse_ok(self, b: int, n: int) -> bool:
+        return n * SPARSE <= self._rows[b] and self._paged(b) is not None
+
+    def _sparse(self, b: int, js: list[int]) -> list | None:
+        """Rows ``js`` of block ``b`` (not held) from their pages where they are few (one in
+        ``SPARSE`` of its rows or fewer) and pages can be read, else None."""
+        if not self._sparse_ok(b, len(js)):
+            return None
+        return [self._from_pages(b, j) for j in js]
 
     def _decode(self, b: int) -> Rows:
         k, r = self._block_of[b]
