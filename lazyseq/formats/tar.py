@@ -1,17 +1,23 @@
-"""The members of an uncompressed tar file, found by reading its headers only, and grouped into
-samples as WebDataset groups them: :func:`index_tar` gives a :class:`TarIndex`.
+"""The members of an uncompressed tar file, found by reading its headers only, grouped into
+samples as WebDataset groups them (:mod:`.tarindex`): :func:`index_tar` gives a :class:`TarIndex`.
 
-The headers are read as Python's :mod:`tarfile` reads them (ustar, GNU long names ``L``, PAX
-``x``/``g`` headers with ``path`` and ``size``; a ustar ``prefix`` joined to the name), and every
-member is grouped as ``webdataset`` does (``webdataset.tariterators``): regular files only,
-``__*__`` meta names skipped, the key the path up to the first dot of the file name
-(``base_plus_ext``), the rest its lower-cased extension, consecutive members of one key one sample.
+The headers are read as Python's :mod:`tarfile` reads them, so the samples are those
+``webdataset`` yields: ustar (a ``prefix`` joined to the name), GNU long names (``L``: up to the
+first NUL of its blocks), PAX ``x`` headers with ``path`` and ``size`` (records read up to a NUL of
+the header's blocks; a header whose bytes name neither ``path=``, ``size=`` nor ``GNU.sparse``
+sets nothing read and is not parsed), directories skipped. A tight loop reads each header's type
+and size, the two fields that lead to the next header; numpy then checks, in batches of
+:data:`BATCH` headers, every checksum and every number field tarfile reads (mode, uid, gid, mtime,
+device numbers), and reads the plain members' names.
 
-A tar file is a stranger's data: a truncated header, a bad checksum, a size that is not a number or
-passes the end of the file, a long name or PAX header that lies (its records' lengths past the
-header, a name that is not UTF-8 or holds a NUL), a name that is absolute or holds ``..``, a link,
-a device, a FIFO or a sparse member is a :class:`~lazyseq.StoreError` naming the file, the member's
-offset and its name; nothing is read outside the file, nothing is allocated from a size read in it.
+A tar file is a stranger's data: a truncated header, a bad checksum, a number field that is not a
+number, a size that passes the end of the file, a long-name or PAX header that lies (larger than
+:data:`MAX_META`, past the end of the file, records whose lengths pass its blocks, a name that is
+not UTF-8 or holds a NUL), a name that is absolute or holds ``..``, a link, a device, a FIFO, a
+sparse member or a global PAX header that names or sizes members is a :class:`~lazyseq.StoreError`
+naming the file, the member's offset and its name (printable). Where tarfile stops quietly at a
+header it cannot read (webdataset then yields fewer samples), this is an error too. Nothing is
+read outside the file, nothing allocated from a size read in it.
 
 >>> import io, tarfile
 >>> buf = io.BytesIO()
@@ -31,10 +37,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import StoreError
+from .tarindex import BLOCK, TarIndex, group, shown_name
 
 __all__ = ["index_tar", "TarIndex", "BLOCK", "MAX_META"]
 
-BLOCK = 512
 MAX_META = 2**20  # the most bytes a long-name or PAX header may hold: no name or record is longer
 BATCH = 8192  # headers whose checksums are verified at once (numpy)
 ZERO = bytes(BLOCK)
@@ -44,84 +50,20 @@ REFUSED = {b"1": "a hard link", b"2": "a symbolic link", b"3": "a character devi
            b"6": "a FIFO", b"S": "a sparse file"}
 KNOWN = set(REGULAR) | set(SKIPPED) | set(REFUSED) | {b"L", b"K", b"x", b"g", b"X"}
 PAX_RECORD = re.compile(rb"([0-9]{1,20}) ")
-BASE_PLUS_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext, exactly
-SKIP_META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta
-BAD_NAME = re.compile(rb"(?:^|[/\0])\.\.(?:$|[/\0])|(?:^|\0)/")  # a ".." component, an absolute path
 
 
-class TarIndex:
-    """The samples of one tar file: member ``m`` holds bytes ``offsets[m]`` to ``offsets[m] +
-    sizes[m]`` and extension ``exts[ext_ids[m]]``; sample ``j`` is members ``starts[j]`` to
-    ``starts[j + 1]`` and its key is ``keys[key_ends[j]:key_ends[j + 1]]`` (UTF-8)."""
-
-    __slots__ = ("offsets", "sizes", "ext_ids", "starts", "key_ends", "keys", "exts", "_mv")
-
-    def __init__(self, offsets: np.ndarray, sizes: np.ndarray, ext_ids: np.ndarray, starts: np.ndarray,
-                 key_ends: np.ndarray, keys: bytes, exts: list[str]):
-        i64 = np.dtype(np.int64)  # native order: a memoryview indexes it
-        self.offsets, self.sizes, self.starts, self.key_ends = (np.ascontiguousarray(a, i64) for a in
-                                                                 (offsets, sizes, starts, key_ends))
-        self.ext_ids = np.ascontiguousarray(ext_ids, np.dtype(np.int32))
-        self.keys, self.exts = keys, exts
-        # memoryviews index to Python ints several times faster than arrays do: a read costs microseconds
-        arrays = (self.offsets, self.sizes, self.ext_ids, self.starts, self.key_ends)
-        self._mv = tuple(memoryview(a).cast("B").cast(a.dtype.char) for a in arrays)
-
-    def __len__(self) -> int:
-        return len(self.starts) - 1
-
-    def key(self, j: int) -> str:
-        ke = self._mv[4]
-        return self.keys[ke[j]:ke[j + 1]].decode("utf-8")
-
-    def span(self, j: int) -> tuple[int, int]:
-        """The bytes from the start of sample ``j``'s first member to the end of its last."""
-        off, size, _, st, _ = self._mv
-        a, z = st[j], st[j + 1] - 1
-        return off[a], off[z] + size[z]
-
-    def members(self, j: int) -> list[tuple[str, int, int]]:
-        """``(extension, offset, size)`` of each member of sample ``j``."""
-        off, size, ext, st, _ = self._mv
-        exts = self.exts
-        return [(exts[ext[m]], off[m], size[m]) for m in range(st[j], st[j + 1])]
-
-    def check(self, file_size: int, where: str) -> None:
-        """Raise a StoreError unless the arrays describe members inside a file of ``file_size``
-        bytes (an index read from a cache proves itself so, beside its digest)."""
-        o, s, e, st, ke = self.offsets, self.sizes, self.ext_ids, self.starts, self.key_ends
-        m, n = len(o), len(st) - 1
-        ok = (len(s) == m and len(e) == m and n >= 0 and len(ke) == n + 1 and (m == 0 or n > 0)
-              and st[0] == 0 and st[-1] == m and bool((np.diff(st) > 0).all())
-              and ke[0] == 0 and ke[-1] == len(self.keys) and bool((np.diff(ke) >= 0).all())
-              and bool((o >= BLOCK).all()) and bool((s >= 0).all()) and bool((o + s <= file_size).all())
-              and bool((np.diff(o) > 0).all()) and bool((e >= 0).all()) and bool((e < len(self.exts)).all()))
-        if ok:
-            try:
-                self.keys.decode("utf-8")
-            except UnicodeDecodeError:
-                ok = False
-        if not ok:
-            raise StoreError(f"{where}: its index does not describe members inside the file ({file_size} bytes)")
-
-
-def _number(field: bytes, where: str, what: str) -> int:
+def _number(field: bytes, where: str, what: str, negative: bool = False) -> int:
     """A header's number field as tarfile reads it: octal digits up to a NUL, or base-256."""
     if field[0] == 0o200:
         return int.from_bytes(field[1:], "big")
     if field[0] == 0o377:
+        if negative:
+            return int.from_bytes(field[1:], "big") - 256 ** (len(field) - 1)
         raise StoreError(f"{where}: its {what} is negative")
     try:
         return int(field.split(b"\0", 1)[0].strip() or b"0", 8)
     except ValueError:
         raise StoreError(f"{where}: its {what} field {field!r} is not a number: the header is corrupted") from None
-
-
-def _shown(name: bytes | str) -> str:
-    """A member's name for a message: printable, bounded."""
-    text = name.decode("utf-8", "backslashreplace") if isinstance(name, bytes) else name
-    text = repr(text)
-    return text if len(text) <= 160 else text[:160] + "...'"
 
 
 def _pax(data: bytes, where: str) -> dict[str, bytes]:
@@ -150,33 +92,70 @@ def _pax_fields(pax: dict[str, bytes], where: str) -> tuple[bytes | None, int | 
     size = pax.get("size")
     if size is not None:
         if not size.isdigit() or len(size) > 20:
-            raise StoreError(f"{where}: a PAX header whose size {_shown(size)} is not a number")
+            raise StoreError(f"{where}: a PAX header whose size {shown_name(size)} is not a number")
         size = int(size)
     path = pax.get("path")
     if path is not None:
         if b"\0" in path:
-            raise StoreError(f"{where}: a PAX header whose path {_shown(path)} holds a NUL byte")
+            raise StoreError(f"{where}: a PAX header whose path {shown_name(path)} holds a NUL byte")
         path = path.rstrip(b"/")
     return path, size
 
 
-def _stated_sums(fields: np.ndarray, one: Any) -> np.ndarray:
-    """The checksum each header states (its field at bytes 148-156): octal digits between spaces,
-    up to a NUL, parsed at once; any other form of the field by :func:`_number`, one by one
-    (``one(k)``: the field of row ``k`` and where it is, for a message)."""
-    col = np.arange(8)
+def _octal(fields: np.ndarray, one: Any, what: str) -> np.ndarray:
+    """The numbers of a header field (``(n, width)`` bytes) in ``n`` headers: octal digits between
+    spaces, up to a NUL, parsed at once; any other form (base-256, other blanks) by :func:`_number`,
+    one by one (``one(k)``: the field of row ``k`` and where it is, for a message)."""
+    width = fields.shape[1]
+    col = np.arange(width)
     isnul = fields == 0
-    end = np.where(isnul.any(1), isnul.argmax(1), 8)[:, None]
+    end = np.where(isnul.any(1), isnul.argmax(1), width)[:, None]
     inside = col < end
     digit = (fields >= 48) & (fields <= 55) & inside
-    last = 7 - digit[:, ::-1].argmax(1)
+    last = width - 1 - digit[:, ::-1].argmax(1)
     first = digit.argmax(1)
     plain = (~inside | digit | (fields == 32)).all(1) & ((digit.sum(1) == last - first + 1) | ~digit.any(1))
-    power = np.where(digit, 8 ** np.clip(last[:, None] - col, 0, 7), 0)
+    power = np.where(digit, 8 ** np.clip(last[:, None] - col, 0, width - 1), 0)
     out = ((fields.astype(np.int64) - 48) * power).sum(1)
     for k in np.flatnonzero(~plain).tolist():
-        out[k] = _number(*one(k), "checksum")
+        v = _number(*one(k), what, negative=what != "checksum")
+        out[k] = v if abs(v) < 2**62 else -1  # (a base-256 field beyond int64: no checksum is, no value is used)
     return out
+
+
+def _checked(h: np.ndarray, one: Any) -> None:
+    """Raise a StoreError where a number field of the headers ``h`` (:data:`FIELDS`) is not one:
+    the common form (one run of octal digits among spaces and NULs) is judged at once for every
+    field, any other by :func:`_number` (as tarfile reads it); ``one(k, a, z)``: the field of row
+    ``k`` and where it is."""
+    f = h[:, COLUMNS]  # every field side by side: one copy, then contiguous work
+    d = (f >= 48) & (f <= 55)
+    starts = d.copy()
+    starts[:, 1:] &= ~d[:, :-1]
+    starts[:, FIRSTS] = d[:, FIRSTS]  # a field's first digit starts a run whatever precedes it
+    runs = np.add.reduceat(starts, FIRSTS, axis=1, dtype=np.int32)
+    allowed = np.logical_and.reduceat(d | (f == 0) | (f == 32), FIRSTS, axis=1)
+    for k, j in zip(*np.nonzero(~allowed | (runs > 1))):
+        a, z, what = FIELDS[j]
+        _number(*one(int(k), a, z), what, negative=True)
+
+
+def _checksums(fields: np.ndarray, one: Any) -> np.ndarray:
+    """The checksums headers state (bytes 148-156): the common ``%06o\0 `` at once, others by :func:`_octal`."""
+    six = fields[:, :6]
+    common = ((six >= 48) & (six <= 55)).all(1) & (fields[:, 6] == 0) & (fields[:, 7] == 32)
+    out = (six.astype(np.int64) - 48) @ (8 ** np.arange(5, -1, -1, dtype=np.int64))
+    rest = np.flatnonzero(~common)
+    if len(rest):
+        out[rest] = _octal(fields[rest], lambda k: one(int(rest[k])), "checksum")
+    return out
+
+
+# the number fields tarfile reads in every header (an invalid one makes it stop: here a StoreError)
+FIELDS = ((100, 108, "mode"), (108, 116, "uid"), (116, 124, "gid"), (136, 148, "mtime"), (329, 337, "devmajor"),
+          (337, 345, "devminor"))
+COLUMNS = np.concatenate([np.arange(a, z) for a, z, _ in FIELDS])
+FIRSTS = np.cumsum([0] + [z - a for a, z, _ in FIELDS[:-1]])
 
 
 class _Walk:
@@ -192,14 +171,16 @@ class _Walk:
         self.names: list[bytes | None] = []
 
     def where(self, pos: int, name: bytes | None = None) -> str:
-        return f"{self.name} (a tar file), the member at byte {pos}" + (f" ({_shown(name)})" if name is not None else "")
+        return f"{self.name} (a tar file), the member at byte {pos}" + (f" ({shown_name(name)})" if name is not None else "")
 
     def meta(self, pos: int, n: int, what: str) -> bytes:
-        """The data of a long-name or PAX header at ``pos``: at most MAX_META bytes, inside the file."""
+        """The data blocks of a long-name or PAX header at ``pos`` (at most MAX_META bytes, inside the
+        file): tarfile reads a long name up to its first NUL in them, and PAX records up to a NUL, past
+        the header's size if need be, so a size that stops short changes nothing here either."""
         if n > MAX_META or pos + BLOCK + n > self.size:
             raise StoreError(f"{self.where(pos)}: {what} says it holds {n} bytes, "
                              f"{'more than any such header' if pos + BLOCK + n <= self.size else 'past the end of the file'}")
-        return bytes(self.buf[pos + BLOCK:pos + BLOCK + n])
+        return bytes(self.buf[pos + BLOCK:min(self.size, pos + BLOCK + ((n + BLOCK - 1) & -BLOCK))])
 
     def run(self) -> None:
         buf, size, pos = self.buf, self.size, 0
@@ -246,6 +227,8 @@ class _Walk:
         self.verify()
 
     def past_end(self, pos: int, n: int, name: bytes | None) -> None:
+        if name is None:
+            name = _names(np.frombuffer(bytes(self.buf[pos:pos + BLOCK]), np.uint8).reshape(1, BLOCK))[0]
         raise StoreError(f"{self.where(pos, name)}: its size ({n} bytes) passes the end of the file "
                          f"({self.size} bytes): the file is truncated or corrupted")
 
@@ -315,7 +298,8 @@ class _Walk:
             at = self.at[a:a + BATCH]
             h = self.rows(at)
             field = h[:, 148:156]
-            stated = _stated_sums(field, lambda k, h=h, at=at: (bytes(h[k, 148:156]), self.where(at[k])))
+            _checked(h, lambda k, a0, z0, h=h, at=at: (bytes(h[k, a0:z0]), self.where(at[k])))
+            stated = _checksums(field, lambda k, h=h, at=at: (bytes(h[k, 148:156]), self.where(at[k])))
             halves = h.reshape(-1, 2, BLOCK // 2).sum(2, dtype=np.uint16)  # (exact: 256 * 255 < 2**16; fast)
             unsigned = halves.sum(1, dtype=np.int64) - field.sum(1, dtype=np.int64) + 8 * 32
             bad = np.flatnonzero(stated != unsigned)
@@ -371,70 +355,6 @@ class _Window:
         return self.blocks[p]
 
 
-def _check_names(blob: bytes, offs: list[int], raw: list[bytes], name: str) -> None:
-    """Refuse an absolute name or a ``..`` component among ``raw`` (``blob``: them joined by NULs)."""
-    if blob[:1] == b"/" or b"\0/" in blob or (b".." in blob and BAD_NAME.search(blob) is not None):
-        k = next(k for k, n in enumerate(raw) if n.startswith(b"/") or b".." in n.split(b"/"))
-        raise StoreError(f"{name} (a tar file), the member at byte {offs[k] - BLOCK} ({_shown(raw[k])}): "
-                         "an absolute name or one with '..': a dataset's tar names its members inside it")
-
-
-def _group(offs: list[int], lens: list[int], raw: list[bytes], name: str) -> TarIndex:
-    """The members grouped into samples as webdataset's ``group_by_keys`` groups them."""
-    blob = b"\0".join(raw)  # no name holds a NUL (cut there, or refused in a PAX path)
-    _check_names(blob, offs, raw, name)
-    try:
-        names = blob.decode("utf-8").split("\0") if raw else []
-    except UnicodeDecodeError as e:
-        k = blob.count(b"\0", 0, e.start)
-        raise StoreError(f"{name} (a tar file), the member at byte {offs[k] - BLOCK} ({_shown(raw[k])}): "
-                         "its name is not UTF-8") from None
-    ids, starts, keys = [], [], []  # ids: each member's extension (-1: not in a sample)
-    exts: dict[str, int] = {}
-    of_raw: dict[str, int] = {}  # an extension as named -> its id (lower-cased)
-    match, skip = BASE_PLUS_EXT.match, SKIP_META.match
-    current = None
-    for k, fname in enumerate(names):
-        m = None if fname[:2] == "__" and (("/" not in fname and fname.endswith("__")) or skip(fname)) else match(fname)
-        if m is None:  # webdataset's meta names, names without an extension: in no sample
-            ids.append(-1)
-            continue
-        prefix, suffix = m.groups()
-        e = of_raw.get(suffix)
-        if e is None:
-            e = of_raw[suffix] = exts.setdefault(suffix.lower(), len(exts))
-        ids.append(e)
-        if prefix != current:
-            current = prefix
-            starts.append(k)
-            keys.append(prefix)
-    ext = np.asarray(ids, np.int32)
-    kept = np.flatnonzero(ext >= 0)
-    first = np.searchsorted(kept, np.asarray(starts, np.int64))  # sample starts among the kept members
-    starts_kept = np.append(first, len(kept)).astype(np.int64)
-    _no_twice(ext[kept], starts_kept, kept, offs, names, exts, name)
-    encoded = [k.encode("utf-8") for k in keys]
-    key_ends = np.zeros(len(keys) + 1, np.int64)
-    np.cumsum([len(k) for k in encoded], out=key_ends[1:])
-    return TarIndex(np.asarray(offs, np.int64)[kept], np.asarray(lens, np.int64)[kept], ext[kept], starts_kept,
-                    key_ends, b"".join(encoded), list(exts))
-
-
-def _no_twice(ext: np.ndarray, starts: np.ndarray, kept: np.ndarray, offs: list[int], names: list[str],
-              exts: dict[str, int], name: str) -> None:
-    """Refuse a sample with two members of one extension (webdataset raises there too)."""
-    if not len(ext):
-        return
-    sample = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
-    pair = sample * len(exts) + ext
-    order = np.argsort(pair, kind="stable")
-    twice = np.flatnonzero(np.diff(pair[order]) == 0)
-    if len(twice):
-        m = int(kept[order[twice[0] + 1]])
-        raise StoreError(f"{name} (a tar file), the member at byte {offs[m] - BLOCK} ({_shown(names[m])}): its sample "
-                         f"holds two members with the extension {_shown(list(exts)[int(ext[order[twice[0]]])])}")
-
-
 def index_tar(buf: Any, size: int, name: str) -> TarIndex:
     """The samples of the tar file whose bytes are ``buf`` (a memory map or bytes; or a
     :class:`~lazyseq.files.RemoteFile`, read in windows) and which holds ``size`` bytes; ``name``
@@ -446,4 +366,4 @@ def index_tar(buf: Any, size: int, name: str) -> TarIndex:
                          "decompress it (gunzip) and read the .tar")
     walk = _Walk(buf, size, name)
     walk.run()
-    return _group(walk.offsets, walk.sizes, walk.names, name)
+    return group(walk.offsets, walk.sizes, walk.names, name)

@@ -18,7 +18,7 @@ entry is written to a file of a fresh random name, then renamed into place; a di
 nothing can be written only means no cache.
 
 >>> import os, tempfile
->>> from lazyseq.formats.tar import TarIndex
+>>> from lazyseq.formats.tarindex import TarIndex
 >>> i64 = np.int64
 >>> ix = TarIndex(np.array([512], i64), np.array([3], i64), np.zeros(1, np.int32), np.array([0, 1], i64),
 ...               np.array([0, 1], i64), b"a", ["txt"])
@@ -42,7 +42,7 @@ import numpy as np
 
 from ..errors import StoreError
 from ..files.local import open_data
-from .tar import TarIndex
+from .tarindex import TarIndex
 
 __all__ = ["load", "store", "default_root"]
 
