@@ -125,19 +125,21 @@ def _octal(fields: np.ndarray, one: Any, what: str) -> np.ndarray:
 
 def _checked(h: np.ndarray, one: Any) -> None:
     """Raise a StoreError where a number field of the headers ``h`` (:data:`FIELDS`) is not one:
-    the common form (one run of octal digits among spaces and NULs) is judged at once for every
-    field, any other by :func:`_number` (as tarfile reads it); ``one(k, a, z)``: the field of row
-    ``k`` and where it is."""
-    f = h[:, COLUMNS]  # every field side by side: one copy, then contiguous work
-    d = (f >= 48) & (f <= 55)
-    starts = d.copy()
-    starts[:, 1:] &= ~d[:, :-1]
-    starts[:, FIRSTS] = d[:, FIRSTS]  # a field's first digit starts a run whatever precedes it
-    runs = np.add.reduceat(starts, FIRSTS, axis=1, dtype=np.int32)
-    allowed = np.logical_and.reduceat(d | (f == 0) | (f == 32), FIRSTS, axis=1)
-    for k, j in zip(*np.nonzero(~allowed | (runs > 1))):
-        a, z, what = FIELDS[j]
-        _number(*one(int(k), a, z), what, negative=True)
+    the common form (octal digits, then NULs or spaces) is judged at once for every field, any
+    other by :func:`_number`, as tarfile reads it (``one(k, a, z)``: the field of row ``k`` and
+    where it is, for a message)."""
+    f = np.concatenate([h[:, a:z] for a, z in SPANS], axis=1)  # every field side by side
+    digit = (f - 48) < 8  # (uint8: wraps below "0")
+    blank = (f | 32) == 32  # a NUL or a space
+    ok = digit | blank
+    after = blank[:, :-1] & digit[:, 1:]  # a digit after a blank inside a field: a run of its own
+    after &= INSIDE
+    if ok.all() and not after.any():  # the common case: one check of the whole batch
+        return
+    odd = np.flatnonzero(~ok.all(1) | after.any(1))
+    for k in odd.tolist():
+        for a, z, what in FIELDS:
+            _number(*one(k, a, z), what, negative=True)
 
 
 def _checksums(fields: np.ndarray, one: Any) -> np.ndarray:
@@ -154,8 +156,9 @@ def _checksums(fields: np.ndarray, one: Any) -> np.ndarray:
 # the number fields tarfile reads in every header (an invalid one makes it stop: here a StoreError)
 FIELDS = ((100, 108, "mode"), (108, 116, "uid"), (116, 124, "gid"), (136, 148, "mtime"), (329, 337, "devmajor"),
           (337, 345, "devminor"))
-COLUMNS = np.concatenate([np.arange(a, z) for a, z, _ in FIELDS])
-FIRSTS = np.cumsum([0] + [z - a for a, z, _ in FIELDS[:-1]])
+SPANS = ((100, 124), (136, 148), (329, 345))  # the fields' bytes, neighbours joined
+INSIDE = np.ones(sum(z - a for a, z in SPANS) - 1, bool)  # neighbouring bytes of one field
+INSIDE[np.cumsum([z - a for a, z, _ in FIELDS[:-1]]) - 1] = False
 
 
 class _Walk:
@@ -208,7 +211,9 @@ class _Walk:
                     pending = 0
                     continue
                 if kind == 120 and not pending:  # read in full at its member only if it sets what is read
-                    data = self.meta(pos, n, "a PAX header")
+                    if n > MAX_META or end > size:
+                        self.meta(pos, n, "a PAX header")  # (raises)
+                    data = buf[pos + BLOCK:(end + BLOCK - 1) & -BLOCK]  # its blocks, as meta() reads them
                     pending = {"pax": data} if (b"path=" in data or b"size=" in data or b"GNU.sparse" in data) else 1
                     at.append(pos)
                     pos = (end + BLOCK - 1) & -BLOCK

@@ -105,40 +105,49 @@ def group(offs: list[int], lens: list[int], raw: list[bytes], name: str) -> TarI
     blob = b"\0".join(raw)  # no name holds a NUL (cut there, or refused in a PAX path)
     _check_names(blob, offs, raw, name)
     try:
-        names = blob.decode("utf-8").split("\0") if raw else []
+        text = blob.decode("utf-8")
     except UnicodeDecodeError as e:
         k = blob.count(b"\0", 0, e.start)
         raise StoreError(f"{name} (a tar file), the member at byte {offs[k] - BLOCK} ({shown_name(raw[k])}): "
                          "its name is not UTF-8") from None
-    ids, starts, keys = [], [], []  # ids: each member's extension (-1: not in a sample)
+    names = text.split("\0") if raw else []
+    prefixes, ids, exts = _split(names)
+    pre = np.empty(len(prefixes), object)
+    pre[:] = prefixes
+    ext = np.asarray(ids, np.int32).reshape(-1)
+    kept = np.flatnonzero(ext >= 0)
+    ext = ext[kept]
+    keys_of = pre[kept]
+    change = np.flatnonzero(keys_of[1:] != keys_of[:-1]) + 1 if len(kept) else np.zeros(0, np.int64)
+    starts = np.concatenate([[0], change, [len(kept)]]).astype(np.int64) if len(kept) else np.zeros(1, np.int64)
+    _no_twice(ext, starts, kept, offs, names, exts, name)
+    encoded = [k.encode("utf-8") for k in keys_of[starts[:-1]].tolist()]
+    key_ends = np.zeros(len(encoded) + 1, np.int64)
+    np.cumsum([len(k) for k in encoded], out=key_ends[1:])
+    return TarIndex(np.asarray(offs, np.int64)[kept], np.asarray(lens, np.int64)[kept], ext, starts,
+                    key_ends, b"".join(encoded), list(exts))
+
+
+def _split(names: list[str]) -> tuple[list, list[int], dict[str, int]]:
+    """``(keys, extension ids, extensions)`` of the members named ``names``: webdataset's meta
+    names and names without an extension are in no sample (key None, id -1)."""
+    prefixes, ids = [], []
     exts: dict[str, int] = {}
     of_raw: dict[str, int] = {}  # an extension as named -> its id (lower-cased)
     match, skip = BASE_PLUS_EXT.match, SKIP_META.match
-    current = None
-    for k, fname in enumerate(names):
+    for fname in names:
         m = None if fname[:2] == "__" and (("/" not in fname and fname.endswith("__")) or skip(fname)) else match(fname)
-        if m is None:  # webdataset's meta names, names without an extension: in no sample
+        if m is None:
+            prefixes.append(None)
             ids.append(-1)
             continue
         prefix, suffix = m.groups()
         e = of_raw.get(suffix)
         if e is None:
             e = of_raw[suffix] = exts.setdefault(suffix.lower(), len(exts))
+        prefixes.append(prefix)
         ids.append(e)
-        if prefix != current:
-            current = prefix
-            starts.append(k)
-            keys.append(prefix)
-    ext = np.asarray(ids, np.int32)
-    kept = np.flatnonzero(ext >= 0)
-    first = np.searchsorted(kept, np.asarray(starts, np.int64))  # sample starts among the kept members
-    starts_kept = np.append(first, len(kept)).astype(np.int64)
-    _no_twice(ext[kept], starts_kept, kept, offs, names, exts, name)
-    encoded = [k.encode("utf-8") for k in keys]
-    key_ends = np.zeros(len(keys) + 1, np.int64)
-    np.cumsum([len(k) for k in encoded], out=key_ends[1:])
-    return TarIndex(np.asarray(offs, np.int64)[kept], np.asarray(lens, np.int64)[kept], ext[kept], starts_kept,
-                    key_ends, b"".join(encoded), list(exts))
+    return prefixes, ids, exts
 
 
 def _no_twice(ext: np.ndarray, starts: np.ndarray, kept: np.ndarray, offs: list[int], names: list[str],
