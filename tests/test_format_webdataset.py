@@ -157,19 +157,54 @@ def test_a_folder_is_its_tar_files_directly_in_it_sorted(tmp_path):
     assert lazyseq.webdataset([tmp_path / "sub", tmp_path / "b.tar"]).names == ["c.tar", "b.tar"]
 
 
-def test_compressed_shards_are_refused_with_what_to_do(tmp_path):
-    path = write_wds(tmp_path / "a.tar", 2)
+@pytest.mark.parametrize("suffix, compress", [(".tar.gz", "gzip"), (".tgz", "gzip"), (".tar.bz2", "bz2"),
+                                             (".tar.xz", "lzma")])
+def test_compressed_shards_need_cache_dir_and_are_decompressed_there_once(tmp_path, monkeypatch, suffix, compress):
+    import importlib
+
+    paths = shards(tmp_path / "plain", k=2)
+    (tmp_path / "z").mkdir()
+    for p in paths:
+        packed = importlib.import_module(compress).compress(open(p, "rb").read())
+        (tmp_path / "z" / (os.path.basename(p)[:-4] + suffix)).write_bytes(packed)
+    for bad in (tmp_path / "z", tmp_path / "z" / f"part-000{suffix}"):
+        with pytest.raises(ValueError, match="compressed tar.*decompress it.*or give cache_dir="):
+            lazyseq.webdataset(bad)
+    cache = tmp_path / "cache"
+    v = lazyseq.webdataset(tmp_path / "z", cache_dir=cache)
+    assert v.names == [f"part-000{suffix}", f"part-001{suffix}"]
+    assert list(v) == reference(*paths)
+    copies = sorted(n for n in os.listdir(cache) if n.endswith(".tar"))
+    assert len(copies) == 2
+    built = _count_builds(monkeypatch)
+    again = lazyseq.webdataset(tmp_path / "z", cache_dir=cache)
+    assert list(pickle.loads(pickle.dumps(again))) == reference(*paths) and built == []  # copies and indices reused
+    assert sorted(n for n in os.listdir(cache) if n.endswith(".tar")) == copies
+    with open(cache / copies[0], "r+b") as f:  # a copy changed on disk: decompressed again, never served
+        f.seek(700)
+        f.write(b"X")
+    from lazyseq.formats import untar
+
+    untar._verified.clear()
+    assert list(lazyseq.webdataset(tmp_path / "z", cache_dir=cache)) == reference(*paths)
+    with pytest.raises(lazyseq.StoreError, match="decompresses to more than cache_dir_bytes"):
+        len(lazyseq.webdataset(tmp_path / "z", cache_dir=tmp_path / "small", cache_dir_bytes=1000))
+
+
+def test_compressed_shards_that_cannot_be_read(tmp_path):
     import gzip
 
-    gz = tmp_path / "z" / "a.tar.gz"
-    gz.parent.mkdir()
-    gz.write_bytes(gzip.compress(open(path, "rb").read()))
-    for bad in (gz, gz.parent):
-        with pytest.raises(ValueError, match="compressed tar.*decompress it"):
-            lazyseq.webdataset(bad)
+    path = write_wds(tmp_path / "a.tar", 2)
+    (tmp_path / "z").mkdir()
+    (tmp_path / "z" / "cut.tar.gz").write_bytes(gzip.compress(open(path, "rb").read())[:-30])
+    with pytest.raises(lazyseq.StoreError, match="cut.tar.gz.*truncated"):
+        len(lazyseq.webdataset(tmp_path / "z" / "cut.tar.gz", cache_dir=tmp_path / "c"))
+    (tmp_path / "z" / "a.tar.zst").write_bytes(b"zstd")
+    with pytest.raises(ValueError, match="compressed tar.*decompress it"):
+        lazyseq.webdataset(tmp_path / "z" / "a.tar.zst", cache_dir=tmp_path / "c")
     disguised = tmp_path / "y" / "a.tar"
     disguised.parent.mkdir()
-    disguised.write_bytes(gz.read_bytes())
+    disguised.write_bytes(gzip.compress(open(path, "rb").read()))
     with pytest.raises(lazyseq.StoreError, match="gzip-compressed.*decompress it"):
         len(lazyseq.webdataset(disguised))
 

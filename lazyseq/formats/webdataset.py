@@ -24,6 +24,7 @@ from ..files.remote import check_settings
 from . import tarcache
 from .sources import HIDDEN, Opened, Remotes, list_files, open_source, shown
 from .tar import TarIndex, index_tar
+from .untar import KINDS, decompressed
 
 __all__ = ["webdataset", "WebDataset"]
 
@@ -32,14 +33,22 @@ INDEX_THREADS = 16  # shards indexed at once by len()
 COMPRESSED = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
 
 
-def _refuse_compressed(name: str) -> None:
-    raise ValueError(f"lazyseq.webdataset: {shown(name)} is a compressed tar: its members cannot be read at random; "
-                     "decompress it (gunzip) and read the .tar")
+def _compressed(name: str, cache_dir: Any) -> bool:
+    """Whether ``name`` is a compressed shard to decompress into ``cache_dir`` (refused without one)."""
+    if not name.endswith(COMPRESSED):
+        return False
+    if cache_dir is None or not name.endswith(tuple(KINDS)):
+        how = "decompress it (gunzip) and read the .tar" + (", or give cache_dir= to have it decompressed once there"
+                                                            if name.endswith(tuple(KINDS)) else "")
+        raise ValueError(f"lazyseq.webdataset: {shown(name)} is a compressed tar: its members cannot be read at random; "
+                         f"{how}")
+    return True
 
 
-def _list(urls: Any, remotes: Remotes) -> list[tuple[str, str]]:
+def _list(urls: Any, remotes: Remotes, cache_dir: Any) -> list[tuple[str, str]]:
     """``(name, path or URL)`` of every shard: a file, a folder (its ``*.tar`` directly in it), an
-    object-store prefix (every ``*.tar`` under it), or a list of those; each list sorted."""
+    object-store prefix (every ``*.tar`` under it), or a list of those; each list sorted. Compressed
+    shards are refused unless there is a ``cache_dir`` to decompress them into."""
     items = [urls] if isinstance(urls, (str, os.PathLike)) else list(urls)
     if not items:
         raise ValueError("lazyseq.webdataset: no shards given")
@@ -48,22 +57,19 @@ def _list(urls: Any, remotes: Remotes) -> list[tuple[str, str]]:
         if not isinstance(p, (str, os.PathLike)):
             raise TypeError(f"lazyseq.webdataset: shards are paths or URLs, got a {type(p).__name__}")
         p = os.fspath(p)
-        if p.endswith(COMPRESSED):
-            _refuse_compressed(p)
+        _compressed(p, cache_dir)
         local = None if is_url(p) else local_path(p)
         if local is not None and os.path.isdir(local) and not os.path.islink(local):
             names = sorted(n for n in os.listdir(local) if not n.startswith(HIDDEN))
-            found = [(n, os.path.join(local, n)) for n in names if n.endswith(".tar")]
+            found = [(n, os.path.join(local, n)) for n in names
+                     if n.endswith(".tar") or _compressed(os.path.join(local, n), cache_dir)]
             if not found:
-                if any(n.endswith(COMPRESSED) for n in names):
-                    _refuse_compressed(os.path.join(local, next(n for n in names if n.endswith(COMPRESSED))))
                 raise FileNotFoundError(f"lazyseq.webdataset: no *.tar file in {p}")
             out += found
-        elif local is None and not p.endswith(".tar"):
+        elif local is None and not p.endswith((".tar", *COMPRESSED)):
             found = list_files(p, (".tar", *COMPRESSED), "lazyseq.webdataset", remotes)
             for _, u in found:
-                if u.endswith(COMPRESSED):
-                    _refuse_compressed(u)
+                _compressed(u, cache_dir)
             out += found
         else:
             out.append((os.path.basename(local) if local is not None else p.rstrip("/").rsplit("/", 1)[-1], local or p))
@@ -115,7 +121,7 @@ class WebDataset(View):
         check_settings(**{k: v for k, v in settings.items() if k in ("block_cache", "cache_dir_bytes", "timeout")})
         self.settings, self.strict = dict(settings), bool(strict)
         self._remotes = Remotes(self.settings)
-        files = _list(urls, self._remotes)
+        files = _list(urls, self._remotes, settings.get("cache_dir"))
         self.names, self.paths = [n for n, _ in files], [p for _, p in files]
         if lengths is not None:
             lengths = [int(n) for n in lengths]
@@ -181,18 +187,28 @@ class WebDataset(View):
                              "shards as they are now")
         source = os.path.abspath(path) if not is_url(path) else path
         root = self._cache_root()
-        index = tarcache.load(root, source, opened.size, opened.stamp)
+        tar = self._decompressed(opened, source, where) if path.endswith(COMPRESSED) else opened
+        index = tarcache.load(root, source, tar.size, opened.stamp)
         if index is None:
-            buf = opened.buffer if opened.remote is None else opened.remote
-            index = index_tar(buf, opened.size, shown(path))
-            tarcache.store(root, source, opened.size, opened.stamp, index)
+            buf = tar.buffer if tar.remote is None else tar.remote
+            index = index_tar(buf, tar.size, shown(path))
+            tarcache.store(root, source, tar.size, opened.stamp, index)
         want = known[2] if known is not None else None if self.lengths is None else self.lengths[k]
         if want is not None and len(index) != want:
             said = "this view found" if known is not None else "lengths= says"
             raise StoreError(f"{where} holds {len(index)} samples, {said} {want}: "
                              f"{'give the right lengths, or lengths=None to count them' if known is None else 'it changed'}")
         self._known[k] = (opened.size, opened.stamp, len(index))
-        return Shard(opened, index)
+        return Shard(tar, index)
+
+    def _decompressed(self, opened: Opened, source: str, where: str) -> Opened:
+        """A compressed shard's decompressed copy under ``cache_dir``, opened (:mod:`.untar`)."""
+        if opened.remote is not None:  # (a URL whose server gives no ETag: cache_dir keeps no copy of it)
+            raise StoreError(f"{where} is compressed and its server gives no ETag, so cache_dir keeps no copy of it: "
+                             "decompress it and serve the .tar")
+        copy = decompressed(os.fspath(self.settings["cache_dir"]), source, opened.buffer, opened.stamp,
+                            self.settings.get("cache_dir_bytes"), where)
+        return open_source(copy, "a decompressed tar shard", self._remotes)
 
     def _index_all(self) -> None:
         missing = [k for k in range(len(self.paths)) if self._known[k] is None]
@@ -287,8 +303,10 @@ def webdataset(urls: Any, *, lengths: Sequence[int] | None = None, storage_optio
     starts: ``block_shuffle(v, v.cuts, seed)`` shuffles reading a few shards at a time.
 
     ``storage_options``, ``block_cache``, ``cache_dir_bytes``, ``timeout``, ``strict``: as
-    :func:`~lazyseq.parquet`'s. A compressed tar (``.tar.gz``, ``.tgz``...) is refused: decompress
-    it. The view pickles without data (a worker opens the shards and reads their indices itself).
+    :func:`~lazyseq.parquet`'s. A compressed tar (``.tar.gz``, ``.tgz``, ``.tar.bz2``, ``.tar.xz``)
+    is refused unless ``cache_dir`` is given: it is then decompressed once into it (:mod:`.untar`)
+    and read from there (``cache_dir_bytes`` bounds one copy). The view pickles without data (a
+    worker opens the shards and reads their indices itself).
 
     >>> import io, os, tarfile, tempfile
     >>> root = tempfile.mkdtemp()
