@@ -412,3 +412,30 @@ def test_import_lazyseq_imports_no_tar_or_webdataset_package():
     code = "import sys, lazyseq; bad = [m for m in ('webdataset', 'tarfile', 'fsspec') if m in sys.modules]; print(bad)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_urls_headers_are_read_in_windows_and_few_are_kept(tmp_path, monkeypatch):
+    """Over a URL the headers come in windows of ranged reads; those kept for the checksums are
+    checked and forgotten every BATCH headers, so a large shard's headers never all sit in memory."""
+    data = open(write_wds(tmp_path / "a.tar", 300), "rb").read()
+
+    class Ranges:  # what index_tar reads a URL through: a RemoteFile's request() and its remote's read_ranges()
+        size, requests = len(data), 0
+
+        def __init__(self):
+            self.remote = self
+
+        def request(self, a, b):
+            return a, b
+
+        def read_ranges(self, reqs, cache=True):
+            Ranges.requests += 1
+            return [data[a:b] for a, b in reqs]
+
+    monkeypatch.setattr(tarmod, "BATCH", 16)
+    monkeypatch.setattr(tarmod._Window.__init__, "__defaults__", (4096,))
+    kept, have = [], tarmod._Window._have
+    monkeypatch.setattr(tarmod._Window, "_have", lambda self, a, b: (kept.append(len(self.blocks)), have(self, a, b)))
+    far, near = tarmod.index_tar(Ranges(), len(data), "r.tar"), tarmod.index_tar(data, len(data), "l.tar")
+    assert [(far.key(j), far.members(j)) for j in range(len(far))] == [(near.key(j), near.members(j)) for j in range(300)]
+    assert Ranges.requests > 100 and max(kept) < 40

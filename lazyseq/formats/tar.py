@@ -172,6 +172,7 @@ class _Walk:
         self.offsets: list[int] = []  # data offset, size and name (None: read in a batch) of each regular member
         self.sizes: list[int] = []
         self.names: list[bytes | None] = []
+        self.members_done = 0  # members whose names verify() has read
 
     def where(self, pos: int, name: bytes | None = None) -> str:
         return f"{self.name} (a tar file), the member at byte {pos}" + (f" ({shown_name(name)})" if name is not None else "")
@@ -289,37 +290,46 @@ class _Walk:
         # an unknown type's data is skipped, as tarfile does
         return pos + BLOCK + ((n + BLOCK - 1) & -BLOCK)
 
-    def rows(self, at: list[int]) -> np.ndarray:
-        """The headers at offsets ``at`` as an ``(n, 512)`` array."""
+    def rows(self, at: list[int], done: bool = False) -> np.ndarray:
+        """The headers at offsets ``at`` as an ``(n, 512)`` array (``done``: a URL's are then forgotten)."""
         buf = self.buf
         if isinstance(buf, _Window):
-            return np.frombuffer(b"".join(buf.block(p) for p in at), np.uint8).reshape(-1, BLOCK)
+            take = buf.blocks.pop if done else buf.blocks.__getitem__
+            return np.frombuffer(b"".join(take(p) for p in at), np.uint8).reshape(-1, BLOCK)
         blocks = np.frombuffer(buf, np.uint8, self.size // BLOCK * BLOCK).reshape(-1, BLOCK)  # no copy
         return blocks[np.asarray(at, np.int64) // BLOCK]
 
     def verify(self) -> None:
-        """Check every header's checksum, and read the plain members' names, a batch at a time."""
-        for a in range(0, len(self.at), BATCH):
-            at = self.at[a:a + BATCH]
-            h = self.rows(at)
-            field = h[:, 148:156]
-            _checked(h, lambda k, a0, z0, h=h, at=at: (bytes(h[k, a0:z0]), self.where(at[k])))
-            stated = _checksums(field, lambda k, h=h, at=at: (bytes(h[k, 148:156]), self.where(at[k])))
-            halves = h.reshape(-1, 2, BLOCK // 2).sum(2, dtype=np.uint16)  # (exact: 256 * 255 < 2**16; fast)
-            unsigned = halves.sum(1, dtype=np.int64) - field.sum(1, dtype=np.int64) + 8 * 32
-            bad = np.flatnonzero(stated != unsigned)
-            if len(bad):
-                hb = h[bad].view(np.int8)
-                signed = hb.sum(1, dtype=np.int64) - hb[:, 148:156].sum(1, dtype=np.int64) + 8 * 32
-                bad = bad[stated[bad] != signed]
-            if len(bad):
-                raise StoreError(f"{self.where(at[int(bad[0])])}: a bad header checksum: the file is corrupted, or not "
-                                 "a tar file")
-        missing = [k for k, n in enumerate(self.names) if n is None]
+        """Read the names of the plain members met since the last call, and check the checksums and
+        number fields of the headers met since then, a batch at a time (a URL's headers are kept
+        until then: its window calls this every BATCH headers)."""
+        missing = [k for k in range(self.members_done, len(self.names)) if self.names[k] is None]
         for a in range(0, len(missing), BATCH):
             ks = missing[a:a + BATCH]
             for k, name in zip(ks, _names(self.rows([self.offsets[k] - BLOCK for k in ks]))):
                 self.names[k] = name
+        self.members_done = len(self.names)
+        pending = self.at[:]
+        self.at.clear()  # (the list run() appends to)
+        for a in range(0, len(pending), BATCH):
+            self.check(pending[a:a + BATCH])
+
+    def check(self, at: list[int]) -> None:
+        """Check the checksums and number fields of the headers at ``at``."""
+        h = self.rows(at, done=True)
+        field = h[:, 148:156]
+        _checked(h, lambda k, a0, z0: (bytes(h[k, a0:z0]), self.where(at[k])))
+        stated = _checksums(field, lambda k: (bytes(h[k, 148:156]), self.where(at[k])))
+        halves = h.reshape(-1, 2, BLOCK // 2).sum(2, dtype=np.uint16)  # (exact: 256 * 255 < 2**16; fast)
+        unsigned = halves.sum(1, dtype=np.int64) - field.sum(1, dtype=np.int64) + 8 * 32
+        bad = np.flatnonzero(stated != unsigned)
+        if len(bad):
+            hb = h[bad].view(np.int8)
+            signed = hb.sum(1, dtype=np.int64) - hb[:, 148:156].sum(1, dtype=np.int64) + 8 * 32
+            bad = bad[stated[bad] != signed]
+        if len(bad):
+            raise StoreError(f"{self.where(at[int(bad[0])])}: a bad header checksum: the file is corrupted, or not "
+                             "a tar file")
 
 
 def _names(h: np.ndarray) -> list[bytes]:
@@ -340,9 +350,12 @@ class _Window:
     def __init__(self, f: Any, chunk: int = 4 * 2**20):
         self.f, self.chunk, self.start, self.data = f, chunk, 0, b""
         self.blocks: dict[int, bytes] = {}
+        self.full: Any = None  # called when BATCH headers are kept
 
     def _have(self, a: int, b: int) -> None:
         if not (self.start <= a and b <= self.start + len(self.data)):
+            if len(self.blocks) >= BATCH and self.full is not None:
+                self.full()  # the walk checks the headers kept so far, which are then forgotten
             self.start = a
             self.data = self.f.remote.read_ranges([self.f.request(a, min(self.f.size, a + max(self.chunk, b - a)))],
                                                   cache=False)[0]
@@ -370,5 +383,7 @@ def index_tar(buf: Any, size: int, name: str) -> TarIndex:
         raise StoreError(f"{name} is gzip-compressed, not a tar file: a compressed tar cannot be read at random; "
                          "decompress it (gunzip) and read the .tar")
     walk = _Walk(buf, size, name)
+    if isinstance(buf, _Window):
+        buf.full = walk.verify
     walk.run()
     return group(walk.offsets, walk.sizes, walk.names, name)
