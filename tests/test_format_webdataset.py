@@ -439,3 +439,15 @@ def test_a_urls_headers_are_read_in_windows_and_few_are_kept(tmp_path, monkeypat
     far, near = tarmod.index_tar(Ranges(), len(data), "r.tar"), tarmod.index_tar(data, len(data), "l.tar")
     assert [(far.key(j), far.members(j)) for j in range(len(far))] == [(near.key(j), near.members(j)) for j in range(300)]
     assert Ranges.requests > 100 and max(kept) < 40
+
+
+def test_a_worker_opens_only_the_shards_it_reads(tmp_path, monkeypatch):
+    shards(tmp_path / "ds", k=4, n=3)
+    v = lazyseq.webdataset(tmp_path / "ds")
+    assert len(v) == 3 + 4 + 5 + 6
+    w = pickle.loads(pickle.dumps(v))  # as a process worker gets it
+    built = _count_builds(monkeypatch)
+    opened = []
+    real = w._open
+    monkeypatch.setattr(w, "_open", lambda k: (opened.append(k), real(k))[1])
+    assert len(w) == 18 and w[9]["__key__"] == "dir/s00202" and opened == [2] and built == []

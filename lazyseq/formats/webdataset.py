@@ -138,8 +138,9 @@ class WebDataset(View):
         self._locks = [threading.Lock() for _ in self.paths]
         self._fork = fork_mark()
         self._starts: list[int] | None = None
-        if self.lengths is not None:
-            self._starts = list(itertools.accumulate(self.lengths, initial=0))
+        counts = self.lengths if self.lengths is not None else [kn[2] for kn in self._known if kn is not None]
+        if len(counts) == len(self.paths):  # (a worker gets what its parent counted: it opens only what it reads)
+            self._starts = list(itertools.accumulate(counts, initial=0))
 
     def __getstate__(self) -> dict:
         return {"settings": self.settings, "strict": self.strict, "names": self.names, "paths": self.paths,
