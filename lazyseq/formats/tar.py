@@ -38,6 +38,7 @@ import numpy as np
 
 from ..errors import StoreError
 from .tarindex import BLOCK, TarIndex, group, shown_name
+from .tarscan import scan
 
 __all__ = ["index_tar", "TarIndex", "BLOCK", "MAX_META"]
 
@@ -230,7 +231,6 @@ class _Walk:
                                  "cut short")
         if pending.__class__ is not int:
             raise StoreError(f"{self.where(pos)}: the archive ends after a long-name or PAX header")
-        self.verify()
 
     def past_end(self, pos: int, n: int, name: bytes | None) -> None:
         if name is None:
@@ -383,7 +383,13 @@ def index_tar(buf: Any, size: int, name: str) -> TarIndex:
         raise StoreError(f"{name} is gzip-compressed, not a tar file: a compressed tar cannot be read at random; "
                          "decompress it (gunzip) and read the .tar")
     walk = _Walk(buf, size, name)
-    if isinstance(buf, _Window):
-        buf.full = walk.verify
-    walk.run()
+    found = None if isinstance(buf, _Window) else scan(buf, size)  # the common case at once, else the walk
+    if found is not None:
+        walk.at, walk.offsets, walk.sizes = found
+        walk.names = [None] * len(walk.offsets)
+    else:
+        if isinstance(buf, _Window):
+            buf.full = walk.verify
+        walk.run()
+    walk.verify()
     return group(walk.offsets, walk.sizes, walk.names, name)
