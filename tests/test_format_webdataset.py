@@ -451,3 +451,18 @@ def test_a_worker_opens_only_the_shards_it_reads(tmp_path, monkeypatch):
     real = w._open
     monkeypatch.setattr(w, "_open", lambda k: (opened.append(k), real(k))[1])
     assert len(w) == 18 and w[9]["__key__"] == "dir/s00202" and opened == [2] and built == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text("ab./_\nX", max_size=8), max_size=8))
+def test_names_split_as_webdatasets_base_plus_ext(names):
+    from webdataset.tariterators import base_plus_ext, meta_prefix, meta_suffix
+
+    from lazyseq.formats.tarindex import SKIP_META, _split
+
+    prefixes, ids, exts = _split(names)
+    names_of = {e: x for x, e in exts.items()}
+    for name, prefix, e in zip(names, prefixes, ids):
+        meta = ("/" not in name and name.startswith(meta_prefix) and name.endswith(meta_suffix)) or SKIP_META.match(name)
+        want = (None, None) if meta else base_plus_ext(name)
+        assert (prefix, None if e < 0 else names_of[e]) == (want[0], None if want[1] is None else want[1].lower())

@@ -135,13 +135,23 @@ def _split(names: list[str]) -> tuple[list, list[int], dict[str, int]]:
     exts: dict[str, int] = {}
     of_raw: dict[str, int] = {}  # an extension as named -> its id (lower-cased)
     match, skip = BASE_PLUS_EXT.match, SKIP_META.match
+    plain = "\n" not in "".join(names)  # (where a name holds a newline, the regex's own rules)
     for fname in names:
-        m = None if fname[:2] == "__" and (("/" not in fname and fname.endswith("__")) or skip(fname)) else match(fname)
-        if m is None:
+        if fname[:2] == "__" and (("/" not in fname and fname.endswith("__")) or skip(fname)):
             prefixes.append(None)
             ids.append(-1)
             continue
-        prefix, suffix = m.groups()
+        j = fname.rfind("/") + 1
+        i = fname.find(".", j)
+        if plain and i > j:  # base_plus_ext where the file name has a dot after its first character
+            prefix, suffix = fname[:i], fname[i + 1:]
+        else:
+            m = match(fname)
+            if m is None:
+                prefixes.append(None)
+                ids.append(-1)
+                continue
+            prefix, suffix = m.groups()
         e = of_raw.get(suffix)
         if e is None:
             e = of_raw[suffix] = exts.setdefault(suffix.lower(), len(exts))
