@@ -234,7 +234,7 @@ def _count_builds(monkeypatch) -> list:
         built.append(a[2])
         return real(*a, **k)
 
-    monkeypatch.setattr("lazyseq.formats.webdataset.index_tar", counting)
+    monkeypatch.setattr("lazyseq.formats.tar.index_tar", counting)
     return built
 
 

@@ -14,32 +14,33 @@ import itertools
 import os
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.base import View
 from ..core.decoded import fork_mark
 from ..errors import StoreError
 from ..files import is_url, local_path
 from ..files.remote import check_settings
-from . import tarcache
 from .sources import HIDDEN, Opened, Remotes, list_files, open_source, shown
-from .tar import TarIndex, index_tar
-from .untar import KINDS, decompressed
+
+if TYPE_CHECKING:
+    from .tarindex import TarIndex
 
 __all__ = ["webdataset", "WebDataset"]
 
 WHAT = "a tar shard"
 INDEX_THREADS = 16  # shards indexed at once by len()
 COMPRESSED = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
+DECOMPRESSED = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")  # those lazyseq.formats.untar decompresses
 
 
 def _compressed(name: str, cache_dir: Any) -> bool:
     """Whether ``name`` is a compressed shard to decompress into ``cache_dir`` (refused without one)."""
     if not name.endswith(COMPRESSED):
         return False
-    if cache_dir is None or not name.endswith(tuple(KINDS)):
+    if cache_dir is None or not name.endswith(DECOMPRESSED):
         how = "decompress it (gunzip) and read the .tar" + (", or give cache_dir= to have it decompressed once there"
-                                                            if name.endswith(tuple(KINDS)) else "")
+                                                            if name.endswith(DECOMPRESSED) else "")
         raise ValueError(f"lazyseq.webdataset: {shown(name)} is a compressed tar: its members cannot be read at random; "
                          f"{how}")
     return True
@@ -172,7 +173,9 @@ class WebDataset(View):
 
     def _cache_root(self) -> str:
         root = self.settings.get("cache_dir")
-        return os.fspath(root) if root is not None else tarcache.default_root()
+        from .tarcache import default_root  # (the tar modules are imported at a view's first index, not with lazyseq)
+
+        return os.fspath(root) if root is not None else default_root()
 
     def _open(self, k: int) -> Shard:
         path = self.paths[k]
@@ -189,10 +192,13 @@ class WebDataset(View):
         source = os.path.abspath(path) if not is_url(path) else path
         root = self._cache_root()
         tar = self._decompressed(opened, source, where) if path.endswith(COMPRESSED) else opened
+        from . import tar as tarmod
+        from . import tarcache
+
         index = tarcache.load(root, source, tar.size, opened.stamp)
         if index is None:
             buf = tar.buffer if tar.remote is None else tar.remote
-            index = index_tar(buf, tar.size, shown(path))
+            index = tarmod.index_tar(buf, tar.size, shown(path))
             tarcache.store(root, source, tar.size, opened.stamp, index)
         want = known[2] if known is not None else None if self.lengths is None else self.lengths[k]
         if want is not None and len(index) != want:
@@ -207,6 +213,8 @@ class WebDataset(View):
         if opened.remote is not None:  # (a URL whose server gives no ETag: cache_dir keeps no copy of it)
             raise StoreError(f"{where} is compressed and its server gives no ETag, so cache_dir keeps no copy of it: "
                              "decompress it and serve the .tar")
+        from .untar import decompressed
+
         copy = decompressed(os.fspath(self.settings["cache_dir"]), source, opened.buffer, opened.stamp,
                             self.settings.get("cache_dir_bytes"), where)
         return open_source(copy, "a decompressed tar shard", self._remotes)
