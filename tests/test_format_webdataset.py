@@ -133,6 +133,18 @@ def test_indexing_follows_list_semantics(tmp_path_factory, data):
         v[-len(want) - 1]
 
 
+def test_threads_reading_a_new_view_at_once_index_each_shard_once(tmp_path, monkeypatch):
+    import concurrent.futures
+
+    paths = shards(tmp_path / "ds", k=3)
+    built = _count_builds(monkeypatch)
+    v = lazyseq.webdataset(paths, lengths=[7, 8, 9])
+    want = reference(*paths)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda i: v[i], [i % 24 for i in range(200)]))
+    assert got == [want[i % 24] for i in range(200)] and sorted(built) == sorted(paths)
+
+
 def test_bulk_reads_give_the_items_in_the_order_asked(tmp_path):
     paths = shards(tmp_path / "ds")
     v = lazyseq.webdataset(paths)
@@ -409,7 +421,8 @@ def test_import_lazyseq_imports_no_tar_or_webdataset_package():
     import subprocess
     import sys
 
-    code = "import sys, lazyseq; bad = [m for m in ('webdataset', 'tarfile', 'fsspec') if m in sys.modules]; print(bad)"
+    code = ("import sys, lazyseq; bad = [m for m in ('webdataset', 'tarfile', 'fsspec', 'lazyseq.formats.tar', "
+            "'lazyseq.formats.tarcache', 'lazyseq.formats.untar') if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
 
