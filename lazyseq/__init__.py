@@ -26,6 +26,7 @@ from .evaluation import empty, empty_like, prefetch, shutdown_ray
 from .formats.arrow import arrow
 from .formats.lance import lance
 from .formats.parquet import parquet
+from .formats.webdataset import webdataset
 from .loader.batching import pad_collate, varlen_collate
 from .loader.dataloader import DataLoader, default_collate
 from .loader.tensor import to_tensor
@@ -59,5 +60,5 @@ __all__ = [
     "mix", "schedule",
     "shutdown_ray",
     "pack", "bucket", "pad_collate", "varlen_collate",
-    "parquet", "arrow", "lance",
+    "parquet", "arrow", "lance", "webdataset",
 ]

@@ -31,3 +31,20 @@ def test_a_missing_package_names_its_extra_when_called(blocked, call, extra):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "ImportError:" in r.stdout and extra in r.stdout, r.stdout
+
+
+def test_webdataset_reads_local_shards_with_none_of_the_readers_packages(tmp_path):
+    """lazyseq.webdataset needs no extra: local shards read with pyarrow, fsspec and webdataset missing."""
+    code = textwrap.dedent(f"""
+        import sys, io, tarfile
+        for m in ("pyarrow", "fsspec", "webdataset", "datasets", "lance"):
+            sys.modules[m] = None
+        import lazyseq
+        with tarfile.open({str(tmp_path / "a.tar")!r}, "w") as t:
+            for name in ("k.jpg", "k.cls"):
+                info = tarfile.TarInfo(name); info.size = 1; t.addfile(info, io.BytesIO(b"1"))
+        print(lazyseq.webdataset({str(tmp_path)!r}, cache_dir={str(tmp_path / "c")!r})[0])
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "{'__key__': 'k', 'jpg': b'1', 'cls': b'1'}"

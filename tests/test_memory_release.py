@@ -147,8 +147,25 @@ def arrow(root: str) -> Any:
     return ls.arrow(os.path.join(root, "t.arrow"), cache=2)
 
 
+def _tar_numbers(sample: dict) -> np.ndarray:
+    return np.frombuffer(sample["x"], np.uint8)
+
+
+def webdataset(root: str) -> Any:
+    import io
+    import tarfile
+
+    with tarfile.open(os.path.join(root, "t.tar"), "w") as t:
+        for i in range(60):
+            info = tarfile.TarInfo(f"s{i:03d}.x")
+            info.size = i % 5 + 1
+            t.addfile(info, io.BytesIO(bytes([i + 1]) * info.size))
+    return ls.smap(_tar_numbers, ls.webdataset(os.path.join(root, "t.tar"), cache_dir=os.path.join(root, "index")))
+
+
 SOURCES: dict[str, Callable[[str], Any]] = {"chunks": chunks, "store": store, "megatron": corpus,
-                                            "mix": mixture, "pack": packed, "parquet": parquet, "arrow": arrow}
+                                            "mix": mixture, "pack": packed, "parquet": parquet, "arrow": arrow,
+                                            "webdataset": webdataset}
 
 
 # -- the ways of reading -----------------------------------------------------------------------------
@@ -189,7 +206,7 @@ def test_a_dropped_pipeline_frees_everything_at_once(gc_off, tmp_path, source, r
     pipeline = SOURCES[source](root)
     assert READS[read](pipeline) > 0
     if read == "directly":  # (through workers, the parent reads nothing of it)
-        if source in ("store", "megatron", "pack", "parquet", "arrow"):
+        if source in ("store", "megatron", "pack", "parquet", "arrow", "webdataset"):
             assert held(root)["maps"], "nothing was mapped: the check below would prove nothing"
         else:
             assert decoded_alive() > 0
