@@ -33,6 +33,7 @@ def table(n, seed=0):
     })
 
 
+@pytest.mark.filterwarnings("ignore:block_shuffle:RuntimeWarning")  # cache=2 < window on purpose: batches across blocks
 @pytest.mark.parametrize("source", ["parquet", "arrow"])
 def test_a_batch_by_columns_equals_default_collate_of_its_items(tmp_path, source):
     t = table(300)
@@ -98,3 +99,19 @@ def test_a_block_shuffled_epoch_decodes_each_block_once_when_the_cache_holds_a_w
         seen.extend(b[i]["label"].tolist() if by_columns else [int(x["label"]) for x in b[i]])
     assert sorted(decoded) == list(range(v.blocks))
     assert seen == [int(s[i]["label"]) for i in range(len(s))]
+
+
+def test_block_shuffle_says_when_the_window_is_larger_than_the_cache(tmp_path):
+    import warnings
+
+    pq.write_table(table(300), tmp_path / "a.parquet", row_group_size=30)
+    small = lazyseq.parquet(tmp_path / "a.parquet", cache=2)
+    with pytest.warns(RuntimeWarning, match=r"keeps 2 decoded blocks.*cache=8 or more, or pass window=2") as got:
+        lazyseq.block_shuffle(small, small.cuts, seed=0)
+    assert got[0].filename == __file__  # it points at the caller's line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lazyseq.block_shuffle(small, small.cuts, seed=0, window=2)
+        big = lazyseq.parquet(tmp_path / "a.parquet", cache=8)
+        lazyseq.block_shuffle(big, big.cuts, seed=0)
+        lazyseq.block_shuffle(range(300), small.cuts, seed=0)

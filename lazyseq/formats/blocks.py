@@ -34,6 +34,7 @@ class Blocks(View):
     :meth:`_decode` and ``describe``."""
 
     _transient: tuple[str, ...] = ()  # attributes made per process (open files), dropped by pickling
+    decodes_blocks = True  # a read decodes its whole block, so block_shuffle's window should fit in `cache`
 
     def _set_blocks(self, rows: Sequence[int], cache: int) -> None:
         """``rows[b]``: the rows of block ``b``; ``cache``: decoded blocks kept in memory at most."""

@@ -91,6 +91,7 @@ class Lance(Blocks):
 
     checks_keys = False
     fork_safe = False  # Lance's runtime threads do not survive a fork: process workers start by forkserver
+    decodes_blocks = False  # reads take windows of rows, not whole fragments
     _transient = ("_ds", "_pid")
 
     def __init__(self, uri: Any, columns: Sequence[str] | None, cache: int, storage_options: dict | None, strict: bool):

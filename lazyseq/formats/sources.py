@@ -110,6 +110,10 @@ def list_files(paths: Any, suffixes: tuple[str, ...], what: str, remotes: Remote
             raise TypeError(f"{what}: paths must be paths or URLs, got a {type(p).__name__}")
         p = os.fspath(p)
         if is_url(p):
+            # the file system made here, in the caller's thread: the views open their files in threads
+            # next, and the client's first imports, made in a worker thread, once failed ("signal only
+            # works in main thread") in a doctest
+            remotes.of(p).fs  # noqa: B018
             out += [(p.rstrip("/").rsplit("/", 1)[-1], p)] if p.endswith(suffixes) else _find(p, remotes.of(p), suffixes)
         elif os.path.isdir(local_path(p)) and not os.path.islink(local_path(p)):
             found = _walk(local_path(p), suffixes)
