@@ -38,11 +38,16 @@ class Reader:
         return self.b[self.i - 1]
 
     def varint(self) -> int:
+        b, i, end = self.b, self.i, len(self.b)  # bytes read here, not by byte(): most of a footer is varints
         out = shift = 0
         while True:
-            x = self.byte()
+            if i >= end:
+                raise ThriftError("it ends inside a value")
+            x = b[i]
+            i += 1
             out |= (x & 0x7F) << shift
             if x < 0x80:
+                self.i = i
                 return out
             shift += 7
             if shift > 70:
