@@ -213,3 +213,52 @@ def test_http_reads_the_same(http_files):
     assert all(same(a, ref[i]) for a, i in zip(v[[3, 19, 0, 4]], [3, 19, 0, 4]))
     w = pickle.loads(pickle.dumps(v))
     assert same(w[7], ref[7])
+
+
+def test_over_http_a_sample_is_one_ranged_get(http_files):
+    path = write(http_files.root / "ds", n=40, columns={"s": "str", "a": "ndarray"}, size_limit=1 << 9)
+    ref = reference(path)
+    v = lazyseq.mds(f"{http_files.url}/ds")
+    assert len(v.cuts) >= 2
+    assert same(v[1], ref[1])  # the shard opened: its HEAD, its offset table, the sample
+    http_files.reset_counts()
+    assert same(v[2], ref[2])
+    gets = [r for r in http_files.requests if r.method == "GET"]
+    assert len(http_files.requests) == 1 and len(gets) == 1 and gets[0].range
+    http_files.reset_counts()
+    idx = [3, 5, 4, 6]
+    assert all(same(a, ref[i]) for a, i in zip(v[idx], idx))
+    assert len(http_files.requests) <= len(idx), "a batch: at most one GET per sample, no HEAD, no table read again"
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_http_compressed_shards(http_files, tmp_path, cache):
+    path = write(http_files.root / "ds", n=20, compression="zstd", columns={"s": "str", "a": "ndarray"})
+    ref = reference(write(tmp_path / "raw", n=20, columns={"s": "str", "a": "ndarray"}))
+    v = lazyseq.mds(f"{http_files.url}/ds", cache_dir=tmp_path / "cache" if cache else None)
+    assert all(same(v[i], ref[i]) for i in range(20))
+    assert os.path.isdir(path)
+
+
+def test_s3_reads_the_same(s3, tmp_path):
+    pytest.importorskip("s3fs")
+    path = write(tmp_path / "ds", n=15, columns={"s": "str", "u16": "uint16"})
+    for name in os.listdir(path):
+        s3.client.upload_file(os.path.join(path, name), s3.bucket, f"ds/train/{name}")
+    v = lazyseq.mds(f"s3://{s3.bucket}/ds", split="train", storage_options=s3.storage_options)
+    ref = reference(path)
+    assert len(v) == 15 and all(same(a, b) for a, b in zip(v, ref))
+
+
+def test_a_worker_refuses_a_shard_changed_since_the_view_was_made(tmp_path):
+    path = write(tmp_path / "ds", n=10, columns={"s": "str"})
+    v = lazyseq.mds(path)
+    v[0]
+    w = pickle.loads(pickle.dumps(v))
+    shard = os.path.join(path, "shard.00000.mds")
+    st = os.stat(shard)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    with pytest.raises(lazyseq.EvaluationError) as e:
+        w[0]
+    assert isinstance(e.value.__cause__, lazyseq.StoreError) and "changed" in str(e.value.__cause__)
+    assert lazyseq.mds(path, strict=False)[0] == v[0]
