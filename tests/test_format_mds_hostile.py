@@ -234,3 +234,19 @@ def _set(d: dict, path: list, value) -> None:
         if not isinstance(d, dict):  # (zip_data of a raw shard is None: nothing to change)
             return
     d[path[-1]] = value
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_a_shard_or_index_that_is_a_link_or_a_fifo_is_refused(tmp_path, kind):
+    dataset(tmp_path / "ds")
+    for name in ("shard.00000.mds", "index.json"):
+        target = tmp_path / "ds" / name
+        os.replace(target, tmp_path / name)
+        if kind == "symlink":
+            os.symlink(tmp_path / name, target)
+        else:
+            os.mkfifo(target)
+        e = raised_within(10, lambda: lazyseq.mds(tmp_path / "ds")[0])
+        assert isinstance(e, StoreError) and name in str(e), repr(e)
+        os.unlink(target)
+        os.replace(tmp_path / name, target)
