@@ -250,3 +250,32 @@ def test_a_shard_or_index_that_is_a_link_or_a_fifo_is_refused(tmp_path, kind):
         assert isinstance(e, StoreError) and name in str(e), repr(e)
         os.unlink(target)
         os.replace(tmp_path / name, target)
+
+
+def test_fuzz_mutated_sample_bytes(tmp_path):
+    """Random bytes of the samples themselves changed (sizes, values, dynamic ndarray headers): each
+    read a StoreError or a value, never another exception, never a read past the sample."""
+    rng = np.random.default_rng(7)
+    root = tmp_path / "ds"
+    dataset(root)
+    index = json.loads((root / "index.json").read_text())
+    for s in index["shards"]:  # the ndarray column with its dtype and shape in each sample
+        s["column_encodings"][2], s["column_sizes"][2] = "ndarray", None
+    shard0 = root / "shard.00000.mds"
+    rows = [struct.pack("<IIi", 3, 7, i) + b"abc" + bytes([17, (1 << 2) | 0, 2]) + np.full(2, i, np.int16).tobytes()
+            for i in range(5)]
+    good = raw_shard(rows)
+    index["shards"][0]["raw_data"]["bytes"] = len(good)
+    (root / "index.json").write_text(json.dumps(index))
+    shard0.write_bytes(good)
+    assert [int(s["x"]) for s in lazyseq.mds(root)[:5]] == list(range(5))
+    head = 4 * 7
+    for trial in range(300):
+        b = bytearray(good)
+        for _ in range(int(rng.integers(1, 4))):
+            b[int(rng.integers(head, len(b)))] = int(rng.integers(256))
+        shard0.write_bytes(bytes(b))
+        v = lazyseq.mds(root)
+        for i in range(5):
+            e = raised_within(10, lambda v=v, i=i: v[i])
+            assert e is None or isinstance(e, StoreError), f"trial {trial}, sample {i}: {e!r}"
