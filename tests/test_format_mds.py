@@ -262,3 +262,29 @@ def test_a_worker_refuses_a_shard_changed_since_the_view_was_made(tmp_path):
         w[0]
     assert isinstance(e.value.__cause__, lazyseq.StoreError) and "changed" in str(e.value.__cause__)
     assert lazyseq.mds(path, strict=False)[0] == v[0]
+
+
+def test_lists_of_images_and_jpeg_arrays(tmp_path):
+    import io
+
+    MDSWriter, _ = peer()
+    rng = np.random.default_rng(5)
+    images = [PIL.fromarray(rng.integers(0, 255, (4 + i, 3, 3), dtype=np.uint8)) for i in range(6)]
+
+    def jpeg(img):
+        out = io.BytesIO()
+        img.save(out, format="JPEG")
+        return out.getvalue()
+
+    cols = {"lj": "list[jpeg]", "lp": "list[png]", "lpil": "list[pil]", "ja": "jpeg_array"}
+    with MDSWriter(out=str(tmp_path / "ds"), columns=cols) as w:
+        for i in range(6):
+            some = images[:i + 1]
+            w.write({"lj": some, "lp": some, "lpil": some, "ja": [jpeg(x) for x in some]})
+    ref, v = reference(tmp_path / "ds"), lazyseq.mds(tmp_path / "ds")
+    for i in range(6):
+        got = v[i]
+        assert got.keys() == ref[i].keys()
+        for k in cols:
+            assert len(got[k]) == len(ref[i][k]) == i + 1
+            assert all(equal(a, b) for a, b in zip(got[k], ref[i][k])), (i, k)

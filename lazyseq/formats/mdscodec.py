@@ -34,6 +34,7 @@ VALUE_DTYPES = {8: "uint8", 9: "int8", 16: "uint16", 17: "int16", 18: "float16",
 SHAPE_DTYPES = {0: "uint8", 1: "uint16", 2: "uint32", 3: "uint64"}
 TEXT = ("str", "bytes", "json", "str_int", "str_float", "str_decimal")
 IMAGES = ("jpeg", "png", "pil")
+LISTS = {"list[pil]": "pil", "list[jpeg]": "jpeg", "list[png]": "png", "jpeg_array": "jpeg", "jpegarray": "jpeg"}
 COMPRESSIONS = ("gz", "bz2", "zstd")  # what lazyseq.mds decompresses (mosaic's br and snappy are refused)
 
 
@@ -97,7 +98,8 @@ def _ndarray_header(encoding: str) -> tuple[str | None, tuple[int, ...] | None]:
 def _known(encoding: Any) -> bool:
     if not isinstance(encoding, str):
         return False
-    if encoding in SCALARS or encoding in TEXT or encoding in IMAGES or encoding in ("int", "pkl", "ndarray"):
+    if encoding in SCALARS or encoding in TEXT or encoding in IMAGES or encoding in LISTS or encoding in ("int", "pkl",
+                                                                                                         "ndarray"):
         return True
     if encoding.startswith("ndarray:"):
         try:
@@ -223,6 +225,8 @@ class Columns:
             return self._array(enc, b)
         if enc in IMAGES:
             return _image(enc, b)
+        if enc in LISTS:
+            return [_image(LISTS[enc], x) for x in _parts(b, 4 * enc.startswith("list"), enc)]
         text = str(b, "utf-8")
         return {"str": str, "json": json.loads, "str_int": int, "str_float": float, "str_decimal": _decimal}[enc](text)
 
@@ -247,6 +251,25 @@ class Columns:
         if len(b) - at != want:
             raise ValueError(f"shape {shape} of {dtype} is {want} bytes, the value holds {len(b) - at}")
         return np.frombuffer(bytes(b[at:]), dtype).reshape(shape)
+
+
+def _parts(b: memoryview, skip: int, enc: str) -> list[memoryview]:
+    """The elements of a list of images (``skip``: the bytes before its count): a ``u32`` count,
+    the ``u32`` size of each, then their bytes, which they must fill."""
+    if len(b) < skip + 4:
+        raise ValueError(f"{len(b)} bytes hold no count")
+    n = int(np.frombuffer(b[skip:skip + 4], "<u4")[0])
+    at = skip + 4 + 4 * n
+    if len(b) < at or (n == 0 and not enc.startswith("list")):
+        raise ValueError(f"{n} elements' sizes do not fit in {len(b)} bytes")
+    sizes = np.frombuffer(b[skip + 4:at], "<u4").tolist()
+    if at + sum(sizes) != len(b):
+        raise ValueError(f"{n} elements of {sum(sizes)} bytes do not fill the {len(b) - at} after their sizes")
+    out = []
+    for z in sizes:
+        out.append(b[at:at + z])
+        at += z
+    return out
 
 
 def _decimal(text: str) -> Decimal:
