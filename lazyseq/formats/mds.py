@@ -154,6 +154,9 @@ class MDS(View):
 
     def _decompressed(self, k: int, opened: Opened, where: str) -> Opened:
         s = self.shards[k]
+        if opened.remote is not None and opened.size > MEMORY_BYTES:  # (with cache_dir and an ETag, it is a local copy)
+            raise StoreError(f"{where} is {opened.size} bytes, more than lazyseq.mds fetches into memory ({MEMORY_BYTES}): "
+                             "give cache_dir= (over a server that gives ETags) to keep it on local disk")
         data = opened.buffer if opened.remote is None else opened.read(0, opened.size)
         cache_dir = self.settings.get("cache_dir")
         if cache_dir is None:
