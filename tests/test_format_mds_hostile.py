@@ -279,3 +279,19 @@ def test_fuzz_mutated_sample_bytes(tmp_path):
         for i in range(5):
             e = raised_within(10, lambda v=v, i=i: v[i])
             assert e is None or isinstance(e, StoreError), f"trial {trial}, sample {i}: {e!r}"
+
+
+def test_an_empty_sample_over_http_is_a_store_error(http_files):
+    """Offsets may say a sample is empty (two equal offsets): no zero-length request, a StoreError."""
+    root = http_files.root / "ds"
+    dataset(root, counts=(3,))
+    shard = root / "shard.00000.mds"
+    b = bytearray(shard.read_bytes())
+    table = list(struct.unpack_from("<5I", b))
+    table[2] = table[1]  # sample 0 empty, sample 1 takes its bytes too
+    struct.pack_into("<5I", b, 0, *table)
+    shard.write_bytes(bytes(b))
+    v = lazyseq.mds(f"{http_files.url}/ds")
+    for key in (0, [0, 1]):
+        e = raised_within(10, lambda key=key: v[key] if isinstance(key, int) else list(v[key]))
+        assert isinstance(e, StoreError) and "sample 0" in str(e), repr(e)
