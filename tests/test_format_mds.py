@@ -12,6 +12,7 @@ import os
 import pickle
 import sys
 import types
+from decimal import Decimal
 
 import numpy as np
 import pytest
@@ -41,7 +42,8 @@ def peer():
 
 COLUMNS = {"i8": "int8", "u16": "uint16", "i32": "int32", "u64": "uint64", "f16": "float16", "f32": "float32",
            "f64": "float64", "n": "int", "s": "str", "b": "bytes", "j": "json", "a": "ndarray", "a32": "ndarray:int32",
-           "img": "ndarray:uint8:4,3", "jpg": "jpeg", "png": "png", "pil": "pil", "si": "str_int", "sf": "str_float"}
+           "img": "ndarray:uint8:4,3", "jpg": "jpeg", "png": "png", "pil": "pil", "si": "str_int", "sf": "str_float",
+           "u8": "uint8", "i16": "int16", "u32": "uint32", "i64": "int64", "sd": "str_decimal"}
 
 
 def sample(i: int, rng) -> dict:
@@ -51,7 +53,8 @@ def sample(i: int, rng) -> dict:
             "s": f"text {i} é" * (i % 4), "b": rng.bytes(int(rng.integers(0, 50))), "j": {"i": i, "l": [1, None]},
             "a": rng.standard_normal((1 + i % 3, 2)).astype(np.float32), "a32": np.arange(1 + i % 5, dtype=np.int32),
             "img": rng.integers(0, 255, (4, 3), dtype=np.uint8), "jpg": img, "png": img, "pil": img,
-            "si": i * 1000, "sf": i / 4}
+            "si": i * 1000, "sf": i / 4, "u8": np.uint8(i), "i16": np.int16(-3 * i), "u32": np.uint32(2**31 + i),
+            "i64": np.int64(-(2**40) * i), "sd": Decimal(i) / 8}
 
 
 def write(path, n=37, compression=None, columns=None, size_limit=1 << 12, seed=0) -> str:
