@@ -295,3 +295,19 @@ def test_an_empty_sample_over_http_is_a_store_error(http_files):
     for key in (0, [0, 1]):
         e = raised_within(10, lambda key=key: v[key] if isinstance(key, int) else list(v[key]))
         assert isinstance(e, StoreError) and "sample 0" in str(e), repr(e)
+
+
+def test_sizes_inside_a_value_allocate_nothing_the_bytes_do_not_back():
+    """A pil value saying 65535x65535 pixels, an image list or ndarray saying 2**32 elements: a
+    StoreError naming the sample and column, before any allocation of that size."""
+    pytest.importorskip("PIL")
+    from lazyseq.formats.mdscodec import Columns
+
+    cases = [("pil", struct.pack("<III", 65535, 65535, 4) + b"RGBA" + b"\0" * 10),
+             ("list[png]", struct.pack("<II", 0, 2**32 - 1) + b"\0" * 8),
+             ("jpeg_array", struct.pack("<I", 2**32 - 1) + b"\0" * 8),
+             ("ndarray", bytes([65, (1 << 2) | 2]) + struct.pack("<I", 2**32 - 1) + b"\0" * 8)]
+    for enc, value in cases:
+        cols = Columns(["v"], [enc], [None], "x.mds", allow_pickle=False)
+        e = raised_within(10, lambda cols=cols, value=value: cols.decode(struct.pack("<I", len(value)) + value, 3))
+        assert isinstance(e, StoreError) and "sample 3" in str(e) and "'v'" in str(e), repr(e)

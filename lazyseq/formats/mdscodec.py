@@ -284,5 +284,7 @@ def _image(enc: str, b: memoryview) -> Any:
     if enc != "pil":
         return image.open(io.BytesIO(bytes(b)))  # as mosaic: opened, decoded when its pixels are asked for
     width, height, n = np.frombuffer(b[:12], "<u4", count=3).tolist()
-    mode = str(b[12:12 + n], "utf-8")
-    return image.frombytes(mode, (width, height), bytes(b[12 + n:]))
+    raw = b[12 + n:]
+    if n > 16 or width * height > 8 * len(raw):  # (every mode takes a bit a pixel at least: no allocation the bytes do not back)
+        raise ValueError(f"a {width}x{height} image (mode of {n} bytes) in {len(raw)} bytes")
+    return image.frombytes(str(b[12:12 + n], "utf-8"), (width, height), bytes(raw))
