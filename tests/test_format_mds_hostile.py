@@ -107,6 +107,7 @@ def test_a_valid_hand_made_dataset_reads(tmp_path):
     (lambda ix: ix["shards"][0].update(column_names=["x", "x", "a"]), "distinct"),
     (lambda ix: ix["shards"][0]["raw_data"].update(basename="../shard.00000.mds"), r"\.\."),
     (lambda ix: ix["shards"][0]["raw_data"].update(basename="/etc/passwd"), "passwd"),
+    (lambda ix: ix["shards"][0]["raw_data"].update(basename="a\x1b[2Jb.mds"), r"\\x1b"),
     (lambda ix: ix["shards"][1]["raw_data"].update(basename="shard.00000.mds"), "two shards"),
     (lambda ix: ix["shards"][0].update(compression="lz4"), "lz4"),
     (lambda ix: ix.update(version=3), "version 2"),
@@ -120,6 +121,7 @@ def test_an_index_that_lies_is_a_store_error_naming_it(tmp_path, change, match):
     assert isinstance(e, StoreError), repr(e)
     assert "index.json" in str(e) or "shard." in str(e), str(e)
     assert re.search(match, str(e)), str(e)
+    assert str(e).isprintable(), "no control character from a file in a message"
 
 
 def test_an_index_not_json_or_too_large(tmp_path):

@@ -59,7 +59,8 @@ def _bad(where: str, what: str) -> StoreError:
 
 def _name(x: Any, where: str, what: str) -> str:
     """A shard's basename, a plain name in its folder (never ``..``, a path, or empty)."""
-    if not isinstance(x, str) or not x or x in (".", "..") or any(c in x for c in "/\\\0") or len(x) > 255:
+    if not isinstance(x, str) or not x or x in (".", "..") or len(x) > 255 \
+            or any(c in "/\\" or not c.isprintable() for c in x):  # (no path, no control character for messages)
         raise _bad(where, f"{what} {x!r} is not a file name in the dataset's folder")
     return x
 
