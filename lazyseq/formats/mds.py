@@ -30,7 +30,7 @@ from ..core.decoded import fork_mark
 from ..errors import StoreError
 from ..files import is_url, local_path
 from ..files.remote import check_settings
-from .mdscodec import INDEX_BYTES, Columns, Shard, offsets_of, shards_of
+from .mdscodec import INDEX_BYTES, Columns, Shard, offsets_of, printable, shards_of
 from .sources import Opened, Remotes, need, open_source, shown
 
 __all__ = ["mds", "MDS"]
@@ -261,7 +261,7 @@ def _decompress(kind: str, data: Any, out: Any, size: int, where: str) -> str:
     except ImportError:
         raise
     except Exception as e:
-        raise StoreError(f"{where} cannot be decompressed ({kind}): {type(e).__name__}: {str(e)[:200]}") from None
+        raise StoreError(f"{where} cannot be decompressed ({kind}): {type(e).__name__}: {printable(e)}") from None
     if got != size:
         raise StoreError(f"{where} decompresses to {'more than ' * (got > size)}{min(got, size)} bytes, its index.json "
                          f"says {size}")

@@ -53,6 +53,11 @@ class Shard:
     zip_bytes: int | None
 
 
+def printable(e: BaseException) -> str:
+    """An error's text for a message: at most 200 characters, none a control character."""
+    return "".join(c if c.isprintable() else "?" for c in str(e)[:200])
+
+
 def _bad(where: str, what: str) -> StoreError:
     return StoreError(f"{where} is not a valid MDS index: {what}")
 
@@ -153,7 +158,7 @@ def shards_of(data: bytes, where: str) -> list[Shard]:
     try:
         obj = json.loads(bytes(data))
     except (ValueError, RecursionError) as e:
-        raise _bad(where, f"not JSON ({type(e).__name__}: {str(e)[:200]})") from None
+        raise _bad(where, f"not JSON ({type(e).__name__}: {printable(e)})") from None
     if not isinstance(obj, dict) or obj.get("version") != 2 or not isinstance(obj.get("shards"), list):
         raise _bad(where, "not a version 2 index with a list of shards")
     shards = [_shard(s, k, where) for k, s in enumerate(obj["shards"])]
@@ -209,7 +214,7 @@ class Columns:
                 raise
             except Exception as e:
                 raise StoreError(f"{self.where}, sample {j}, column {name!r} ({enc}) cannot be decoded: "
-                                 f"{type(e).__name__}: {str(e)[:200]}") from None
+                                 f"{type(e).__name__}: {printable(e)}") from None
             at += z
         return out
 
