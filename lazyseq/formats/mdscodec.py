@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import StoreError
 from .sources import need
 
-__all__ = ["Shard", "shards_of", "offsets_of", "Columns", "COMPRESSIONS", "INDEX_BYTES"]
+__all__ = ["Shard", "shards_of", "offsets_of", "Columns", "printable", "COMPRESSIONS", "INDEX_BYTES"]
 
 INDEX_BYTES = 64 * 2**20  # the most an index.json may hold
 MAX_SAMPLES = 2**32 - 2  # a shard's offsets are u32: no more samples fit in one
