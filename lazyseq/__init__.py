@@ -25,6 +25,7 @@ from .errors import (
 from .evaluation import empty, empty_like, prefetch, shutdown_ray
 from .formats.arrow import arrow
 from .formats.lance import lance
+from .formats.mds import mds
 from .formats.parquet import parquet
 from .formats.webdataset import webdataset
 from .loader.batching import pad_collate, varlen_collate
@@ -60,5 +61,5 @@ __all__ = [
     "mix", "schedule",
     "shutdown_ray",
     "pack", "bucket", "pad_collate", "varlen_collate",
-    "parquet", "arrow", "lance", "webdataset",
+    "parquet", "arrow", "lance", "webdataset", "mds",
 ]

@@ -48,3 +48,37 @@ def test_webdataset_reads_local_shards_with_none_of_the_readers_packages(tmp_pat
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "{'__key__': 'k', 'jpg': b'1', 'cls': b'1'}"
+
+
+def test_mds_needs_zstandard_only_for_a_zstd_shard_and_says_which_extra(tmp_path):
+    """lazyseq.mds reads raw shards with none of the readers' packages; a zstd shard without zstandard
+    is an ImportError naming lazyseq[mds], raised at its first read, not at import lazyseq."""
+    code = textwrap.dedent(f"""
+        import sys, json, os, struct
+        for m in ("pyarrow", "fsspec", "zstandard", "PIL", "datasets", "lance"):
+            sys.modules[m] = None
+        import lazyseq
+        root = {str(tmp_path)!r}
+        row = struct.pack("<I", 2) + b"hi"
+        shard = struct.pack("<3I", 1, 12, 12 + len(row)) + row  # a count, 2 offsets, the sample
+        def info(comp, zipped):
+            return {{"column_encodings": ["str"], "column_names": ["t"], "column_sizes": [None], "format": "mds",
+                    "compression": comp, "hashes": [], "raw_data": {{"basename": "s.mds", "bytes": len(shard)}},
+                    "samples": 1, "size_limit": 1 << 20, "version": 2, "zip_data": zipped}}
+        open(os.path.join(root, "s.mds"), "wb").write(shard)
+        open(os.path.join(root, "s.mds.zstd"), "wb").write(b"\\0" * 9)
+        json.dump({{"version": 2, "shards": [info(None, None)]}}, open(os.path.join(root, "index.json"), "w"))
+        print(lazyseq.mds(root)[0])
+        json.dump({{"version": 2, "shards": [info("zstd", {{"basename": "s.mds.zstd", "bytes": 9}})]}},
+                  open(os.path.join(root, "index.json"), "w"))
+        v = lazyseq.mds(root)
+        try:
+            v[0]
+        except Exception as e:
+            print(type(e.__cause__ or e).__name__, e.__cause__ or e)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    first, second = r.stdout.strip().splitlines()
+    assert first == "{'t': 'hi'}"
+    assert second.startswith("ImportError") and "lazyseq[mds]" in second, second
