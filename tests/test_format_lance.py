@@ -308,3 +308,14 @@ def test_process_workers_over_lance_start_without_fork(ds):
     q.close()
     assert lazyseq.prefetch(lazyseq.arange(4), nworkers=1, method="process",
                             lazy_start=True).mp_context.get_start_method() == "fork"
+
+
+def test_save_of_a_lance_view_starts_its_workers_without_fork(ds, tmp_path, monkeypatch):
+    import lazyseq.evaluation.view as V
+
+    started = []
+    real = V._start_method
+    monkeypatch.setattr(V, "_start_method", lambda seq: started.append(real(seq)) or started[-1])
+    lazyseq.save(lance(ds.uri, columns=["x"]), tmp_path / "s", nworkers=2, method="process")
+    assert started and started[-1] in ("forkserver", "spawn")  # save's shard writer shows no children, but reads it
+    assert [int(r["x"]) for r in lazyseq.load(tmp_path / "s")] == ds.to_table().column("x").to_pylist()

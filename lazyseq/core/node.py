@@ -201,6 +201,7 @@ def fork_unsafe(src: Any, most: int = 10_000) -> str | None:
         if getattr(node, "fork_safe", True) is False:
             return node.describe()
         stack.extend(node.children())
+        stack.append(getattr(node, "src", None))  # a view that shows no children (save's shard writer) still reads it
     return None
 
 
