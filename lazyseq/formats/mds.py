@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import bisect
 import bz2
-import contextlib
 import hashlib
 import io
 import itertools
 import json
 import os
-import tempfile
 import threading
 import zlib
 from collections.abc import Iterator, Sequence
@@ -31,7 +29,7 @@ from ..errors import StoreError
 from ..files import is_url, local_path
 from ..files.remote import check_settings
 from .mdscodec import INDEX_BYTES, Columns, Shard, offsets_of, printable, shards_of
-from .sources import Opened, Remotes, need, open_source, shown
+from .sources import Opened, Remotes, need, open_source, read_by_part, shown
 
 __all__ = ["mds", "MDS"]
 
@@ -195,15 +193,7 @@ class MDS(View):
         return self._reader(k).samples([j])[0]
 
     def _get_many(self, idx: Sequence[int]) -> list:
-        out: list = [None] * len(idx)
-        by_shard: dict[int, list[tuple[int, int]]] = {}
-        for at, i in enumerate(idx):
-            k, j = self._where(int(i))
-            by_shard.setdefault(k, []).append((at, j))
-        for k, pairs in by_shard.items():
-            for (at, _), item in zip(pairs, self._reader(k).samples([j for _, j in pairs])):
-                out[at] = item
-        return out
+        return read_by_part(idx, self._where, lambda k, js: self._reader(k).samples(js))
 
     # -- description -----------------------------------------------------------------------------
     def fingerprint_identity(self) -> dict:
@@ -268,35 +258,19 @@ def _decompress(kind: str, data: Any, out: Any, size: int, where: str) -> str:
     return h.hexdigest()
 
 
-def _write(root: str, path: str, fill: Any) -> Any:
-    """``fill(f)`` writing a file of a fresh random name in ``root``, renamed to ``path`` when whole."""
-    fd, tmp = tempfile.mkstemp(prefix=".mds-", suffix=".part", dir=root)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            got = fill(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return got
-
-
 def _cached(root: str, source: str, s: Shard, data: Any, stamp: Any, where: str) -> str:
     """The verified decompressed copy of shard ``s`` under ``root``, made if need be: a record
     beside it (written last) holds its digest, checked once per process as :mod:`.untar` does."""
-    from .untar import _hash, _proves, _uid
+    from .untar import _hash, _proves, _uid, write_fresh
 
     root = os.path.abspath(root)
     base = os.path.join(root, _hash(f"{_uid()}\0mds\0{source}\0{len(data)}\0{stamp}")[:40] + ".mds")
     if _proves(base, source, len(data), stamp):
         return base
     os.makedirs(root, exist_ok=True)
-    digest = _write(root, base, lambda f: _decompress(s.compression, data, f, s.raw_bytes, where))  # type: ignore[arg-type]
+    digest = write_fresh(root, base, lambda f: _decompress(s.compression, data, f, s.raw_bytes, where))  # type: ignore[arg-type]
     record = {"source": _hash(source), "source_size": len(data), "stamp": str(stamp), "size": s.raw_bytes, "digest": digest}
-    _write(root, base + ".json", lambda f: f.write(json.dumps(record, sort_keys=True).encode()))
+    write_fresh(root, base + ".json", lambda f: f.write(json.dumps(record, sort_keys=True).encode()))
     return base
 
 

@@ -15,7 +15,7 @@ import contextlib
 import io
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,6 +125,21 @@ def list_files(paths: Any, suffixes: tuple[str, ...], what: str, remotes: Remote
     if not out:
         names = [shown(os.fspath(p)) for p in items]
         raise FileNotFoundError(f"{what}: no {' or '.join('*' + s for s in suffixes)} file in {names}")
+    return out
+
+
+def read_by_part(idx: Sequence[int], where: Callable[[int], tuple[int, int]],
+                 read: Callable[[int, list[int]], list]) -> list:
+    """Items ``idx`` of a view stored in parts (shards), one bulk read per part: ``where(i)`` is
+    ``(part, j)``, ``read(part, js)`` the items ``js`` of that part; the items in the order asked."""
+    out: list = [None] * len(idx)
+    by_part: dict[int, list[tuple[int, int]]] = {}
+    for at, i in enumerate(idx):
+        k, j = where(int(i))
+        by_part.setdefault(k, []).append((at, j))
+    for k, pairs in by_part.items():
+        for (at, _), item in zip(pairs, read(k, [j for _, j in pairs])):
+            out[at] = item
     return out
 
 

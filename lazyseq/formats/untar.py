@@ -70,23 +70,27 @@ def decompressed(root: str, source: str, data: Any, stamp: Any, max_bytes: int |
     if _proves(base, source, len(data), stamp):
         return base
     os.makedirs(root, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".untar-", suffix=".part", dir=root)
+    size, digest = write_fresh(root, base, lambda f: _write(f, _decoder(source), memoryview(data), max_bytes, shown))
+    record = {"source": _hash(source), "source_size": len(data), "stamp": str(stamp), "size": size, "digest": digest}
+    write_fresh(root, base + ".json", lambda f: f.write(json.dumps(record, sort_keys=True).encode()))
+    return base
+
+
+def write_fresh(root: str, path: str, fill: Any) -> Any:
+    """``fill(f)`` writing a file of a fresh random name in ``root``, renamed to ``path`` when whole
+    (removed if ``fill`` fails); what ``fill`` returns."""
+    fd, tmp = tempfile.mkstemp(prefix=".lazyseq-", suffix=".part", dir=root)
     try:
         with os.fdopen(fd, "wb") as f:
-            size, digest = _write(f, _decoder(source), memoryview(data), max_bytes, shown)
+            got = fill(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, base)
+        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    record = {"source": _hash(source), "source_size": len(data), "stamp": str(stamp), "size": size, "digest": digest}
-    fd, tmp = tempfile.mkstemp(prefix=".untar-", suffix=".part", dir=root)
-    with os.fdopen(fd, "wb") as f:
-        f.write(json.dumps(record, sort_keys=True).encode())
-    os.replace(tmp, base + ".json")
-    return base
+    return got
 
 
 def _write(f: Any, decoder: Any, data: memoryview, max_bytes: int | None, shown: str) -> tuple[int, str]:

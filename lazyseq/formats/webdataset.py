@@ -21,7 +21,7 @@ from ..core.decoded import fork_mark
 from ..errors import StoreError
 from ..files import is_url, local_path
 from ..files.remote import check_settings
-from .sources import HIDDEN, Opened, Remotes, list_files, open_source, shown
+from .sources import HIDDEN, Opened, Remotes, list_files, open_source, read_by_part, shown
 
 if TYPE_CHECKING:
     from .tarindex import TarIndex
@@ -258,15 +258,7 @@ class WebDataset(View):
         return self._shard(k).sample(j)
 
     def _get_many(self, idx: Sequence[int]) -> list:
-        out: list = [None] * len(idx)
-        by_shard: dict[int, list[tuple[int, int]]] = {}
-        for at, i in enumerate(idx):
-            k, j = self._where(int(i))
-            by_shard.setdefault(k, []).append((at, j))
-        for k, pairs in by_shard.items():
-            for (at, _), item in zip(pairs, self._shard(k).samples([j for _, j in pairs])):
-                out[at] = item
-        return out
+        return read_by_part(idx, self._where, lambda k, js: self._shard(k).samples(js))
 
     # -- description -----------------------------------------------------------------------------
     def _identity(self) -> list[tuple[int, Any, int]]:
