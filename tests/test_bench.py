@@ -206,8 +206,9 @@ def test_bench_remote(tmp_path):
 
 @pytest.mark.parametrize("hide_peers", [False, True], ids=["installed-peers", "no-peers"])
 def test_bench_formats(tmp_path, hide_peers):
-    """Issue #32's scenario: Parquet files read by lazyseq, pyarrow by hand and datasets (Ray: not in
-    --quick); every part's rows there, values checked by the bench itself, nothing left behind."""
+    """Issues #32 and #33's scenario: Parquet files read by lazyseq, pyarrow by hand and datasets (Ray:
+    not in --quick), then tar, MDS and litdata shards read by lazyseq and by webdataset, Mosaic and
+    litdata; every part's rows there, values checked by the bench itself, nothing left behind."""
     pytest.importorskip("pyarrow")
     pytest.importorskip("fsspec")
     pytest.importorskip("aiohttp")
@@ -242,10 +243,25 @@ def test_bench_formats(tmp_path, hide_peers):
     assert ("us_per_read" in d) == ("skipped" not in d)
     if not hf:
         assert d["skipped"] == "datasets not installed"
+    s = res["shards"]  # issue #33's parts: tar shards (and MDS and litdata where their writers are installed)
+    assert (s["samples"], s["shards"]) == (640, 4)
+    peers = {"webdataset + torch DataLoader", "webdataset .batched(64) + torch DataLoader"} if not hide_peers else set()
+    mine = {"lazyseq webdataset"} | ({"lazyseq mds"} if s["installed"]["streaming"] else set())
+    assert mine | peers <= set(s["epoch"]) and all(r["items"] == 640 for k, r in s["epoch"].items() if k in mine)
+    if hide_peers:
+        assert not s["installed"]["torch"] and not set(s["epoch"]) - {"lazyseq webdataset", "lazyseq mds", "lazyseq litdata"}
+    assert set(s["random"]["us_per_read"]) >= mine and min(s["random"]["us_per_read"].values()) > 0
+    assert s["index"]["samples"] * 2 == s["index"]["members"] and s["index"]["build_s"] > s["index"]["cached_s"] > 0
+    d = s["remote"]
+    assert d["reads"] == 20 and d["server_exit_code"] == 0
+    assert all(d[row]["requests_per_read"] >= 1 for row in ("plain loop", "prefetch, 32 threads"))  # each went to the server
     t = res["targets"]
     assert set(t) == {"random_vs_pyarrow", "random_vs_datasets", "held_vs_pyarrow", "held_vs_datasets",
                       "all_held_vs_datasets", "epoch_vs_iter_batches", "epoch_vs_datasets", "epoch_vs_ray",
-                      "remote_prefetch_vs_loop", "remote_paged_prefetch_vs_loop", "arrow_vs_datasets"}
+                      "remote_prefetch_vs_loop", "remote_paged_prefetch_vs_loop", "arrow_vs_datasets",
+                      "epoch_vs_webdataset", "epoch_vs_mosaic", "epoch_vs_litdata", "random_read_us", "index_seconds",
+                      "shards_prefetch_vs_loop"}
+    assert (t["epoch_vs_webdataset"]["value"] is None) == hide_peers
     for key in ("random_vs_datasets", "held_vs_datasets", "all_held_vs_datasets"):
         assert (t[key]["value"] is None) == (not hf)
     assert t["epoch_vs_ray"]["value"] is None

@@ -19,18 +19,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("scenario", choices=sorted(SCENARIOS))
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
-    ap.add_argument("--only", metavar="PART[,PART]", help="prefetch: run only these parts (large, tiny, compute, startup)")
+    ap.add_argument("--only", metavar="PART[,PART]",
+                    help="run only these parts: prefetch: large, tiny, compute, startup; formats: parquet, shards")
     ap.add_argument("--rounds", type=int, metavar="N", help="prefetch: rounds per loader (start-up: tries)")
     ap.add_argument("--tinygrad", metavar="DIR", help="tokens: a checkout of tinygrad, to compare with its MLPerf loader")
     ap.add_argument("--out", metavar="DIR", help="report: write benchmarks.md and img/ there (default: docs)")
     args = ap.parse_args(argv)
     options = {}
     if args.only or args.rounds is not None:
-        if args.scenario != "prefetch":
-            ap.error("--only and --rounds apply to the prefetch scenario")
+        if args.scenario != "prefetch" and (args.rounds is not None or args.scenario != "formats"):
+            ap.error("--only applies to the prefetch and formats scenarios, --rounds to prefetch")
         if args.rounds is not None and (args.rounds < 1 or args.quick):
             ap.error("--rounds takes a number >= 1, without --quick")
-        options = {"only": args.only.split(",") if args.only else None, "rounds": args.rounds}
+        options = {"only": args.only.split(",") if args.only else None}
+        if args.scenario == "prefetch":
+            options["rounds"] = args.rounds
     if args.out:
         if args.scenario != "report":
             ap.error("--out applies to the report scenario")

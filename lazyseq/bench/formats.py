@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 import lazyseq
+from lazyseq.bench import shards
 from lazyseq.bench.formats_data import BATCH, ByHand, arrow_of, epoch_rate, iter_batches, load_hf, per_read, plain, write_files
 from lazyseq.bench.remote import Server, _load, machine
 
@@ -70,6 +71,7 @@ IN_READER = "lazyseq DataLoader, cache=8, num_workers=0"  # the same loader with
 ALL = "lazyseq, cache = every row group"
 HELD = "held row groups"  # (a)'s order of random rows of the row groups both readers hold
 HF, RAY, ITER = "datasets ds[i]", "Ray Data", "pyarrow iter_batches, sequential"
+PARTS = ("parquet", "shards")  # --only: the Parquet parts (a) to (d), the shard parts (e) to (h)
 
 
 # -- the parts --------------------------------------------------------------------------------------
@@ -307,12 +309,13 @@ def show_d(d: dict, rounds: int) -> None:
         print(f"{name:40s}{v:10.1f} us{v / us['lazyseq arrow(ds)']:8.2f}x")
 
 
-def targets(values: dict[str, float | None], why: dict[str, str]) -> dict:
+def targets(values: dict[str, float | None], why: dict[str, str], wanted: dict = TARGETS, issue: int = 32) -> dict:
     out = {}
-    print("\ntargets (issue #32)")
-    for key, (what, op, threshold) in TARGETS.items():
+    print(f"\ntargets (issue #{issue})")
+    for key, (what, op, threshold) in wanted.items():
         v = values.get(key)
-        met = None if v is None else v >= threshold if op == ">=" else v <= threshold if op == "<=" else v > threshold
+        met = None if v is None else {">=": v >= threshold, "<=": v <= threshold, ">": v > threshold,
+                                      "<": v < threshold}[op]
         out[key] = {"value": v, "target": f"{op} {threshold}", "met": met}
         shown = f"  n/a ({why.get(key, 'not measured')})" if v is None else f"{v:8.2f}  {op} {threshold:<5g} " \
             + ("met" if met else "MISSED")
@@ -345,57 +348,75 @@ def target_values(res: dict) -> tuple[dict, dict]:
 
 
 # -- the run ----------------------------------------------------------------------------------------
-def run(quick: bool = False) -> dict:
-    """Write the files, run (a) to (d), print their tables and the targets; returns the results."""
-    rows, files, group, rounds = (2_000, 2, 100, 1) if quick else (100_000, 8, 1_000, 3)
+def run_parquet(root: str, res: dict, quick: bool) -> None:
+    """Write the Parquet files under ``root``, run (a) to (d), print their tables; results into ``res``."""
+    rows, files, group, rounds = res["rows"], res["files"], res["group_rows"], 1 if quick else 3
     sizes = {"random": 100, HELD: 400, f"window {WINDOW}": 100, f"window {CACHE}": 400} if quick else \
         {"random": 500, HELD: 8_000, f"window {WINDOW}": 500, f"window {CACHE}": 8_000}
-    hf, ray = importlib.util.find_spec("datasets") is not None, not quick and importlib.util.find_spec("ray") is not None
+    hf, ray = res["datasets_installed"], not quick and importlib.util.find_spec("ray") is not None
     for name, have in (("datasets", hf), ("ray", ray or quick)):
         if not have:
             print(f"({name} is not installed: its rows are skipped; pip install 'lazyseq[bench]' to compare with it)")
-    res: dict[str, Any] = {"scenario": "formats", "quick": quick, "rows": rows, "files": files, "group_rows": group,
-                           "cache": CACHE, "window": WINDOW, "machine": machine(), "datasets_installed": hf,
-                           "skipped": [k for k, v in (("datasets", hf), ("ray", ray or quick)) if not v]}
+    res["skipped"] = [k for k, v in (("datasets", hf), ("ray", ray or quick)) if not v]
+    data = os.path.join(root, "data")
+    os.mkdir(data)
+    paths = write_files(data, rows, files, group)
+    res["bytes"] = sum(os.path.getsize(p) for p in paths)
+    print(f"{rows} rows (image bytes 2.5-3.5 KB, label, text) in {files} Parquet files, row groups of {group} "
+          f"rows: {res['bytes'] / 1e6:.0f} MB")
+    ds, res["datasets_build_seconds"] = load_hf(paths, root) if hf else (None, None)
+    res["random"] = part_a(data, paths, ds, rows, sizes, rounds)
+    show_a(res["random"], res["datasets_build_seconds"], rounds)
+    res["epoch"] = part_b(data, paths, ds, rows, 1 if quick else 2, ray)
+    show_b({**res["epoch"], **({"quick": True} if quick else {})}, 1 if quick else 2)
+    res["remote"] = part_c(data, paths, rows)
+    show_c(res["remote"], "files as above (no page index: a read fetches its row group's columns)")
+    paged = os.path.join(root, "paged")
+    os.mkdir(paged)
+    # pages of PAGE bytes: pyarrow cuts a page only between batches of write_batch_size rows (1,024 by
+    # default: one page per row group here), and a dictionary-encoded image column keeps every image
+    # in its dictionary page (random bytes: 3 MB), so the images are written plain, 16 rows a batch
+    paged_paths = write_files(paged, rows, files, group, write_page_index=True, data_page_size=PAGE,
+                              use_dictionary=["label", "text"], write_batch_size=16)
+    res["remote_paged"] = part_c(paged, paged_paths, rows)
+    show_c(res["remote_paged"], f"the same rows written with a page index and pages of {PAGE // 1024} KiB, images plain (a "
+           "read fetches one page per column)")
+    res["arrow"] = part_d(ds, rows, 100 if quick else 2_000, rounds)
+    show_d(res["arrow"], rounds)
+    del ds  # its memory maps, before the folder goes
+
+
+def run(quick: bool = False, only: list[str] | None = None) -> dict:
+    """Write the files, run the Parquet parts (a) to (d) and the shard parts (e) to (h) (``only``:
+    ``['parquet']`` or ``['shards']``), print their tables and the targets; returns the results."""
+    parts = only or list(PARTS)
+    if set(parts) - set(PARTS):
+        raise ValueError(f"bench formats: the parts are {', '.join(PARTS)}, got {', '.join(parts)}")
+    rows, files, group = (2_000, 2, 100) if quick else (100_000, 8, 1_000)
+    res: dict[str, Any] = {"scenario": "formats", "quick": quick, "parts": parts, "rows": rows, "files": files,
+                           "group_rows": group, "cache": CACHE, "window": WINDOW, "machine": machine(),
+                           "datasets_installed": importlib.util.find_spec("datasets") is not None, "skipped": []}
     m = res["machine"]
     print(f"{m['cores']} cores, {m['cpu']}; load average {' / '.join(f'{x:.2f}' for x in m['load_before'] or [])} "
           "before the run")
     root = tempfile.mkdtemp(prefix="lazyseq-bench-formats-")
     try:
-        data = os.path.join(root, "data")
-        os.mkdir(data)
-        paths = write_files(data, rows, files, group)
-        res["bytes"] = sum(os.path.getsize(p) for p in paths)
-        print(f"{rows} rows (image bytes 2.5-3.5 KB, label, text) in {files} Parquet files, row groups of {group} "
-              f"rows: {res['bytes'] / 1e6:.0f} MB")
-        ds, res["datasets_build_seconds"] = load_hf(paths, root) if hf else (None, None)
-        res["random"] = part_a(data, paths, ds, rows, sizes, rounds)
-        show_a(res["random"], res["datasets_build_seconds"], rounds)
-        res["epoch"] = part_b(data, paths, ds, rows, 1 if quick else 2, ray)
-        show_b({**res["epoch"], **({"quick": True} if quick else {})}, 1 if quick else 2)
-        res["remote"] = part_c(data, paths, rows)
-        show_c(res["remote"], "files as above (no page index: a read fetches its row group's columns)")
-        paged = os.path.join(root, "paged")
-        os.mkdir(paged)
-        # pages of PAGE bytes: pyarrow cuts a page only between batches of write_batch_size rows (1,024 by
-        # default: one page per row group here), and a dictionary-encoded image column keeps every image
-        # in its dictionary page (random bytes: 3 MB), so the images are written plain, 16 rows a batch
-        paged_paths = write_files(paged, rows, files, group, write_page_index=True, data_page_size=PAGE,
-                                  use_dictionary=["label", "text"], write_batch_size=16)
-        res["remote_paged"] = part_c(paged, paged_paths, rows)
-        show_c(res["remote_paged"], f"the same rows written with a page index and pages of {PAGE // 1024} KiB, images plain (a "
-               "read fetches one page per column)")
-        res["arrow"] = part_d(ds, rows, 100 if quick else 2_000, rounds)
-        show_d(res["arrow"], rounds)
-        del ds  # its memory maps, before the folder goes
+        if "parquet" in parts:
+            run_parquet(root, res, quick)
+        if "shards" in parts:
+            os.mkdir(os.path.join(root, "shards"))
+            res["shards"] = shards.run(os.path.join(root, "shards"), quick)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     m["load_after"] = _load()
     print(f"\nmachine: {m['cores']} cores, {m['cpu']}; load average (1 / 5 / 15 min) "
           f"{' / '.join(f'{x:.2f}' for x in m['load_before'] or [])} before, "
           f"{' / '.join(f'{x:.2f}' for x in m['load_after'] or [])} after (other work on the machine shows there)")
-    values, why = target_values(res)
-    res["targets"] = targets(values, why)
+    res["targets"] = {}
+    if "parquet" in parts:
+        res["targets"].update(targets(*target_values(res)))
+    if "shards" in parts:
+        res["targets"].update(targets(res["shards"].pop("values"), res["shards"].pop("why"), shards.TARGETS, 33))
     return res
 
 
