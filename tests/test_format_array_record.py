@@ -63,7 +63,7 @@ def every(folder) -> list[bytes]:
 
 @pytest.mark.parametrize("options", OPTIONS)
 def test_reads_as_the_packages_reader_reads(tmp_path, options):
-    recs = records(30) + [b"\0" * (3 * 2**20), b""]
+    recs = [*records(30), b"\0" * (3 * 2**20), b""]
     path = write(tmp_path / "a.array_record", recs, options)
     v = lazyseq.array_record(path)
     assert list(v) == reference(path) == recs

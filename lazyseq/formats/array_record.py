@@ -50,7 +50,7 @@ def _stat(path: str, where: str) -> tuple[int, int]:
     try:
         fd, st = open_data(path, "an ArrayRecord file", root=os.path.dirname(os.path.abspath(path)))
     except FileNotFoundError:
-        raise StoreError(f"{where} is missing") from None
+        raise FileNotFoundError(f"lazyseq.array_record: {where} is missing") from None
     os.close(fd)
     return st.st_size, st.st_mtime_ns
 
@@ -155,7 +155,7 @@ class ArrayRecord(View):
         try:
             copy, etag = _copy(os.fspath(root), path, self._remotes, where)
         except FileNotFoundError:
-            raise StoreError(f"{where} is missing") from None
+            raise FileNotFoundError(f"lazyseq.array_record: {where} is missing") from None
         return copy, (os.stat(copy).st_size, etag)
 
     def _reader(self, k: int) -> Any:
@@ -169,7 +169,12 @@ class ArrayRecord(View):
             got = self._readers.get(k)
             if got is None:
                 where = self._where_file(k)
-                path, seen = self._local(k)
+                try:
+                    path, seen = self._local(k)
+                except FileNotFoundError:
+                    if len(self.stamps) > k:  # (gone since the view was made: the data's fault, not the caller's)
+                        raise StoreError(f"{where} is missing (it was there when this view was made)") from None
+                    raise
                 if len(self.stamps) > k and seen != self.stamps[k]:
                     raise StoreError(f"{where} changed since this view was made (another size, modification time or "
                                      "ETag): make the view again over the files as they are now")
