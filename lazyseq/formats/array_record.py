@@ -10,7 +10,7 @@ copy is opened. ``len`` comes from each file's index (read at the view's making)
 The reader is opened lazily in each process (the view pickles without it; a forked child opens
 its own: its parent's may hold threads), with the options for random access the reader's
 documentation gives (``readahead_buffer_size:0,max_parallelism:0``: no read-ahead, no thread
-pool). A file the reader cannot open (truncated, garbage, empty) is one it reports as not
+pool; Grain's 32 KiB file buffer). A file the reader cannot open (truncated, garbage, empty) is one it reports as not
 ``ok()``: a :class:`~lazyseq.StoreError` naming it, as is any error of a read.
 """
 
@@ -37,6 +37,7 @@ __all__ = ["array_record", "ArrayRecord"]
 
 MODULE = "array_record.python.array_record_module"
 OPTIONS = "readahead_buffer_size:0,max_parallelism:0"  # random access, no thread pool (fork-safe)
+BUFFER_BYTES = 32768  # the file reader's buffer Grain's ArrayRecordDataSource gives (a read is a record or a group)
 SUFFIX = ".array_record"
 CHUNK = 4 * 2**20
 
@@ -57,7 +58,7 @@ def _stat(path: str, where: str) -> tuple[int, int]:
 
 def _open_reader(path: str, where: str) -> Any:
     try:
-        reader = _module().ArrayRecordReader(path, OPTIONS)
+        reader = _module().ArrayRecordReader(path, OPTIONS, file_reader_buffer_size=BUFFER_BYTES)
     except ImportError:
         raise
     except Exception as e:
@@ -244,7 +245,7 @@ def array_record(paths: Any, *, storage_options: dict | None = None, cache_dir: 
     URLs (``s3://``, ``https://``...) of files or of a prefix. ``len`` and ``.cuts`` (each file's
     start: ``block_shuffle(v, v.cuts, seed)`` shuffles reading a few files at a time) come from
     the files' indexes, read when the view is made. A read is one ``ArrayRecordReader.read`` (a
-    batch: one per file): a group of records decompressed (``group_size:1`` files: one record). The
+    batch: one per file): its group decompressed (``group_size:1``, the writer's default: the record). The
     reader opens only local files: a URL is copied once, whole, into ``cache_dir`` (default
     ``~/.cache/lazyseq/array_record``), a copy verified by its digest and keyed by the URL, its
     size and ETag. ``storage_options``, ``timeout``: as :func:`~lazyseq.parquet`'s. The view
