@@ -140,6 +140,24 @@ def test_concurrent_bulk_reads_from_threads(folder):
             assert list(got) == [ref[i] for i in idx]
 
 
+def test_open_readers_are_bounded(tmp_path, monkeypatch):
+    """Each open reader holds a descriptor: a view over many files keeps OPEN_READERS of them open."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lazyseq.formats import array_record as module
+
+    monkeypatch.setattr(module, "OPEN_READERS", 3)
+    paths = [write(tmp_path / f"m{k:02d}.array_record", records(4, k)) for k in range(12)]
+    v, ref = lazyseq.array_record(paths), [r for p in paths for r in reference(p)]
+    assert len(v._readers) <= 3
+    rng = np.random.default_rng(2)
+    asks = [rng.integers(0, len(ref), 10).tolist() for _ in range(48)]
+    with ThreadPoolExecutor(6) as ex:
+        for idx, got in zip(asks, ex.map(lambda idx: list(v[idx]), asks)):
+            assert got == [ref[i] for i in idx]
+    assert len(v._readers) <= 3 + 6, "at most the limit, and those in use while a reader opened"
+
+
 def test_block_shuffle_over_cuts(folder):
     v, ref = lazyseq.array_record(folder), every(folder)
     for epoch in range(2):

@@ -22,6 +22,7 @@ import itertools
 import json
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +38,7 @@ __all__ = ["array_record", "ArrayRecord"]
 
 MODULE = "array_record.python.array_record_module"
 OPTIONS = "readahead_buffer_size:0,max_parallelism:0"  # random access, no thread pool (fork-safe)
+OPEN_READERS = 64  # readers a view keeps open per process (each holds a file descriptor)
 BUFFER_BYTES = 32768  # the file reader's buffer Grain's ArrayRecordDataSource gives (a read is a record or a group)
 SUFFIX = ".array_record"
 CHUNK = 4 * 2**20
@@ -120,16 +122,17 @@ class ArrayRecord(View):
         self.stamps: list[tuple[int, Any]] = []
         counts = []
         for k in range(len(self.files)):
-            reader = self._reader(k)
-            counts.append(int(reader.num_records()))
+            with self._locks[k]:
+                counts.append(int(self._reader(k).num_records()))
             self.stamps.append(self._seen[k])
         self.counts = tuple(counts)
         self._starts = list(itertools.accumulate(self.counts, initial=0))
 
     def _setup(self) -> None:
-        self._readers: dict[int, Any] = {}
+        self._readers: OrderedDict[int, Any] = OrderedDict()  # the open ones, least recently used first
         self._seen: dict[int, tuple[int, Any]] = {}
         self._locks = [threading.Lock() for _ in self.files]  # (one read at a time per reader: its state is shared)
+        self._open_lock = threading.Lock()
         self._fork = fork_mark()
 
     def __getstate__(self) -> dict:
@@ -160,32 +163,44 @@ class ArrayRecord(View):
         return copy, (os.stat(copy).st_size, etag)
 
     def _reader(self, k: int) -> Any:
-        got = self._readers.get(k)
-        if got is not None:
-            return got
-        if self._fork != fork_mark():  # a forked child: the parent's locks may be held, its readers its own
-            self._remotes = Remotes({k: self.settings[k] for k in ("storage_options", "timeout")})
-            self._setup()
-        with self._locks[k]:
+        """File ``k``'s reader in this process, opened if need be (the caller holds ``_locks[k]``)."""
+        with self._open_lock:
             got = self._readers.get(k)
-            if got is None:
-                where = self._where_file(k)
-                try:
-                    path, seen = self._local(k)
-                except FileNotFoundError:
-                    if len(self.stamps) > k:  # (gone since the view was made: the data's fault, not the caller's)
-                        raise StoreError(f"{where} is missing (it was there when this view was made)") from None
-                    raise
-                if len(self.stamps) > k and seen != self.stamps[k]:
-                    raise StoreError(f"{where} changed since this view was made (another size, modification time or "
-                                     "ETag): make the view again over the files as they are now")
-                got = _open_reader(path, where)
-                if hasattr(self, "counts") and int(got.num_records()) != self.counts[k]:
-                    raise StoreError(f"{where} holds {got.num_records()} records, {self.counts[k]} when this view "
-                                     "was made")
-                self._seen[k] = seen
-                self._readers[k] = got
+            if got is not None:
+                self._readers.move_to_end(k)
+                return got
+        where = self._where_file(k)
+        try:
+            path, seen = self._local(k)
+        except FileNotFoundError:
+            if len(self.stamps) > k:  # (gone since the view was made: the data's fault, not the caller's)
+                raise StoreError(f"{where} is missing (it was there when this view was made)") from None
+            raise
+        if len(self.stamps) > k and seen != self.stamps[k]:
+            raise StoreError(f"{where} changed since this view was made (another size, modification time or "
+                             "ETag): make the view again over the files as they are now")
+        got = _open_reader(path, where)
+        if hasattr(self, "counts") and int(got.num_records()) != self.counts[k]:
+            n = got.num_records()
+            got.close()
+            raise StoreError(f"{where} holds {n} records, {self.counts[k]} when this view was made")
+        self._seen[k] = seen
+        with self._open_lock:
+            self._readers[k] = got
+            self._close_some(keep=k)
         return got
+
+    def _close_some(self, keep: int) -> None:
+        """Close the least recently used readers past OPEN_READERS (each holds a descriptor), those
+        no thread is reading (the caller holds ``_open_lock``)."""
+        for old in list(self._readers):
+            if len(self._readers) <= OPEN_READERS:
+                return
+            if old != keep and self._locks[old].acquire(blocking=False):
+                try:
+                    self._readers.pop(old).close()
+                finally:
+                    self._locks[old].release()
 
     # -- shape and reads -------------------------------------------------------------------------
     def _len(self) -> int:
@@ -201,11 +216,13 @@ class ArrayRecord(View):
         return k, i - self._starts[k]
 
     def _records(self, k: int, js: Sequence[int]) -> list[bytes]:
-        reader = self._reader(k)
+        if self._fork != fork_mark():  # a forked child: the parent's locks may be held, its readers its own
+            self._remotes = Remotes({k: self.settings[k] for k in ("storage_options", "timeout")})
+            self._setup()
         try:
             with self._locks[k]:
-                got = reader.read([int(j) for j in js])
-        except (StoreError, RemoteReadError):
+                got = self._reader(k).read([int(j) for j in js])
+        except (StoreError, RemoteReadError, FileNotFoundError):
             raise
         except Exception as e:
             at = f"record {js[0]}" if len(js) == 1 else f"records {list(js)[:8]}"
