@@ -23,6 +23,7 @@ from .errors import (
     seterr,
 )
 from .evaluation import empty, empty_like, prefetch, shutdown_ray
+from .formats.array_record import array_record
 from .formats.arrow import arrow
 from .formats.lance import lance
 from .formats.mds import mds
@@ -61,5 +62,5 @@ __all__ = [
     "mix", "schedule",
     "shutdown_ray",
     "pack", "bucket", "pad_collate", "varlen_collate",
-    "parquet", "arrow", "lance", "webdataset", "mds",
+    "parquet", "arrow", "lance", "webdataset", "mds", "array_record",
 ]

@@ -22,7 +22,8 @@ import lazyseq
 
 # not dependencies of lazyseq (numpy, cloudpickle, tqdm): the extras', and the test tools
 OPTIONAL = ("tinygrad", "ziglang", "ray", "torch", "seqtools", "PIL", "psutil", "matplotlib", "datasets", "spdl",
-            "sklearn", "fsspec", "grain", "griffe", "mkdocs", "pytest", "hypothesis", "nbformat", "nbclient")
+            "sklearn", "fsspec", "grain", "griffe", "mkdocs", "pytest", "hypothesis", "nbformat", "nbclient",
+            "array_record")
 
 CHECK = r"""
 import importlib, json, pkgutil, sys, types
