@@ -25,6 +25,7 @@ from .errors import (
 from .evaluation import empty, empty_like, prefetch, shutdown_ray
 from .formats.arrow import arrow
 from .formats.lance import lance
+from .formats.litdata import litdata
 from .formats.mds import mds
 from .formats.parquet import parquet
 from .formats.webdataset import webdataset
@@ -61,5 +62,5 @@ __all__ = [
     "mix", "schedule",
     "shutdown_ray",
     "pack", "bucket", "pad_collate", "varlen_collate",
-    "parquet", "arrow", "lance", "webdataset", "mds",
+    "parquet", "arrow", "lance", "webdataset", "mds", "litdata",
 ]
