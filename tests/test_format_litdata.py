@@ -35,7 +35,10 @@ def item(i: int) -> dict:
 
 
 def write(path, n=23, compression=None, fn=item) -> str:
-    extra = {"compression": compression, "compression_level": "chunk"} if compression else {}
+    """``compression``: None, 'zstd' (each chunk file one stream) or 'batch' (framed: zstd frames of items)."""
+    extra = {"compression": "zstd", "compression_level": "batch" if compression == "batch" else "chunk"} if compression else {}
+    if compression == "batch":
+        extra["compression_batch_size"] = 2
     litdata.optimize(fn=fn, inputs=list(range(n)), output_dir=str(path), chunk_size=5, num_workers=1, **extra)
     return str(path)
 
@@ -68,10 +71,10 @@ def same(a, b) -> bool:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    """The module's datasets, written once: ``{None: path, "zstd": path, "pickle": path}`` and the
-    first two's references."""
+    """The module's datasets, written once: ``{None: path, "zstd": path, "batch": path, "pickle": path}``
+    and the first three's references."""
     root = tmp_path_factory.mktemp("litdata")
-    paths = {c: write(root / f"ds-{c}", compression=c) for c in (None, "zstd")}
+    paths = {c: write(root / f"ds-{c}", compression=c) for c in (None, "zstd", "batch")}
     refs = {c: reference(p) for c, p in paths.items()}
     paths["pickle"] = write(root / "ds-pickle", n=4, fn=pickled)  # (optimize leaves threads: not in a test)
     return paths, refs
@@ -82,7 +85,7 @@ def plain(data):
     return data[0][None]
 
 
-@pytest.mark.parametrize("compression", [None, "zstd"])
+@pytest.mark.parametrize("compression", [None, "zstd", "batch"])
 def test_every_item_reads_as_streamingdataset_reads_it(data, compression, tmp_path):
     paths, refs = data
     for cache_dir in (None, tmp_path / "cache"):
@@ -90,7 +93,7 @@ def test_every_item_reads_as_streamingdataset_reads_it(data, compression, tmp_pa
         assert len(v) == len(refs[compression]) == 23 and v.cuts == [5, 10, 15, 20]
         assert all(same(v[i], refs[compression][i]) for i in range(len(v)))
         assert all(same(a, refs[compression][i]) for a, i in zip(v[[22, 0, 7, 8, 3]], [22, 0, 7, 8, 3]))
-    if compression:
+    if compression == "zstd":
         assert len(os.listdir(tmp_path / "cache")) == 2 * 5  # a copy and its record per chunk, made once
         w = lazyseq.litdata(paths[compression], cache_dir=tmp_path / "cache")
         assert same(w[21], refs[compression][21]) and len(os.listdir(tmp_path / "cache")) == 10
@@ -166,7 +169,7 @@ def test_tensors_are_numpy_arrays_without_torch(data):
 
 
 def test_http_reads_the_same(data, http_files, tmp_path):
-    for c in (None, "zstd"):
+    for c in (None, "zstd", "batch"):
         shutil.copytree(data[0][c], http_files.root / f"ds-{c}")
         ref = data[1][c]
         v = lazyseq.litdata(f"{http_files.url}/ds-{c}")

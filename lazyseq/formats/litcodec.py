@@ -26,7 +26,7 @@ from ..errors import StoreError
 from .mdscodec import printable
 from .sources import need
 
-__all__ = ["Chunk", "Index", "index_of", "spec_of", "offsets_of", "Leaves", "INDEX_BYTES"]
+__all__ = ["Chunk", "Index", "index_of", "spec_of", "offsets_of", "frames_of", "Leaves", "INDEX_BYTES", "FRAMED"]
 
 INDEX_BYTES = 64 * 2**20  # the most an index.json may hold
 MAX_ITEMS = 2**32 - 2  # a chunk's offsets are u32
@@ -36,6 +36,9 @@ TORCH = {0: "float32", 1: "float32", 2: "float64", 3: "float64", 4: "complex64",
          7: "complex128", 8: "float16", 9: "float16", 10: "bfloat16", 11: "uint8", 12: "int8", 13: "int16",
          14: "int16", 15: "int32", 16: "int32", 17: "int64", 18: "int64", 19: "bool", 20: "uint16"}
 PLAIN = ("int", "float", "bool", "str", "text", "bytes", "numpy", "tensor", "pil", "jpeg", "json", "pickle")
+FRAMED = b"LDFZ01\0\0"  # a framed zstd chunk's magic (compression_level='batch')
+PREFIX = struct.Struct("<8sHHIII")  # magic, version, flags, items, items a frame, frames
+FRAME = struct.Struct("<IIQII")  # first item, items, compressed offset, compressed bytes, bytes
 CONTAINERS = ("builtins.dict", "builtins.tuple", "builtins.list", "collections.OrderedDict")
 
 
@@ -55,7 +58,7 @@ class Index:
     chunks: tuple[Chunk, ...]
     formats: tuple[str, ...]
     spec: Any
-    compression: str | None  # 'zstd' (the whole chunk file), None
+    compression: str | None  # 'zstd' (the whole chunk file), 'framed' (zstd frames of items in the file), None
 
 
 def _bad(where: str, what: str) -> StoreError:
@@ -110,10 +113,10 @@ def index_of(data: bytes, where: str) -> Index:
     comp = config.get("compression")
     if comp is not None and (not isinstance(comp, str) or comp.split(":")[0] != "zstd"):
         raise _bad(where, f"compression {comp!r} is not one lazyseq.litdata decompresses (zstd)")
-    if config.get("compression_level") not in (None, "chunk") or config.get("ipc_compression") is not None:
-        raise _bad(where, f"compression_level {config.get('compression_level')!r} / ipc_compression "
-                          f"{config.get('ipc_compression')!r} (framed or Arrow compression) is not read by lazyseq.litdata: "
-                          "write with compression_level='chunk'")
+    level = config.get("compression_level")
+    if level not in (None, "chunk", "batch") or config.get("ipc_compression") is not None or (level == "batch" and not comp):
+        raise _bad(where, f"compression_level {level!r} / ipc_compression {config.get('ipc_compression')!r} (per-item or "
+                          "Arrow compression) is not read by lazyseq.litdata: write with compression_level='chunk' or 'batch'")
     formats = config.get("data_format")
     if not isinstance(formats, list) or not formats:
         raise _bad(where, "config.data_format is not a list of leaves' formats")
@@ -127,12 +130,12 @@ def index_of(data: bytes, where: str) -> Index:
             raise _bad(where, f"chunk {k} is not an object")
         items = _count(c.get("chunk_size"), where, f"chunk {k}: chunk_size", MAX_ITEMS)
         nbytes = _count(c.get("chunk_bytes"), where, f"chunk {k}: chunk_bytes", 2**62)
-        if nbytes < 4 * (items + 2):
+        if nbytes < (PREFIX.size + 4 * (items + 1) if level == "batch" else 4 * (items + 2)):
             raise _bad(where, f"chunk {k}: {nbytes} bytes cannot hold the offsets of {items} items")
         chunks.append(Chunk(_name(c.get("filename"), where, f"chunk {k}: filename"), nbytes, items))
     if len({c.name for c in chunks}) != len(chunks):
         raise _bad(where, "two chunks name one file")
-    return Index(tuple(chunks), tuple(formats), spec, "zstd" if comp else None)
+    return Index(tuple(chunks), tuple(formats), spec, None if not comp else "framed" if level == "batch" else "zstd")
 
 
 def spec_of(text: Any, where: str) -> Any:
@@ -208,6 +211,38 @@ def offsets_of(head: bytes, chunk: Chunk, size: int, where: str) -> np.ndarray:
         raise StoreError(f"{where}: its item offsets do not run from its table's end ({4 * (n + 2)} bytes) within its "
                          f"{size} bytes without going back")
     return offsets
+
+
+def frames_of(prefix: bytes, chunk: Chunk, size: int, where: str) -> int:
+    """The frames a framed zstd chunk says it holds, from its first bytes ``prefix``, checked."""
+    magic, version, _, n, k, frames = PREFIX.unpack_from(prefix)
+    if magic != FRAMED or version != 1:
+        raise StoreError(f"{where} is not a version 1 framed zstd chunk (its index.json says compression_level='batch')")
+    if n != chunk.items or k < 1 or frames != -(-n // k) \
+            or PREFIX.size + 4 * (n + 1) + FRAME.size * frames > size:
+        raise StoreError(f"{where} holds {n} items in {frames} frames of {k}: its index.json says {chunk.items} items, "
+                         f"its {size} bytes")
+    return frames
+
+
+def framed_table(table: bytes, chunk: Chunk, frames: int, size: int, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets, frames)`` of a framed chunk from the bytes after its prefix, checked: the items'
+    offsets (in the bytes decompressed) from 0, never going back; each frame's items following the
+    last's, its compressed bytes within the file after the tables, its size its items'."""
+    n = chunk.items
+    offsets = np.frombuffer(table, "<u4", count=n + 1).astype(np.int64)
+    rows = np.frombuffer(table, np.dtype([("first", "<u4"), ("n", "<u4"), ("at", "<u8"), ("zlen", "<u4"),
+                                          ("len", "<u4")]), count=frames, offset=4 * (n + 1))
+    cols = [rows[c].astype(np.int64) for c in ("first", "n", "at", "zlen", "len")]
+    first, count, at, zlen, raw = cols
+    start = PREFIX.size + 4 * (n + 1) + FRAME.size * frames
+    ends = first + count
+    if offsets[0] != 0 or bool((np.diff(offsets) < 0).any()) or first[0] != 0 or int(ends[-1]) != n \
+            or bool((first[1:] != ends[:-1]).any()) or bool((count < 1).any()) or bool((zlen < 1).any()) \
+            or bool((at < start).any()) or bool((at + zlen > size).any()) or bool((raw != offsets[ends] - offsets[first]).any()):
+        raise StoreError(f"{where}: its item offsets or frame table do not hold (frames of its {n} items in order, "
+                         f"within its {size} bytes, each the size of its items)")
+    return offsets, np.stack(cols, axis=1)
 
 
 class Leaves:

@@ -24,7 +24,7 @@ from ..core.decoded import fork_mark
 from ..errors import StoreError
 from ..files import is_url, local_path
 from ..files.remote import check_settings
-from .litcodec import INDEX_BYTES, Leaves, index_of, offsets_of
+from .litcodec import FRAME, INDEX_BYTES, PREFIX, Leaves, framed_table, frames_of, index_of, offsets_of
 from .mds import MEMORY_BYTES, _cached, _decompress, _join
 from .sources import Opened, Remotes, need, open_source, read_by_part, shown
 
@@ -45,6 +45,40 @@ class Reader:
         got = iter([self.opened.read(*wanted[0])] if len(wanted) == 1 else self.opened.read_many(wanted) if wanted else [])
         blobs = [next(got) if a < b else b"" for a, b in ranges]
         return [self.leaves.decode(b, j) for j, b in zip(js, blobs)]
+
+
+class FramedReader:
+    """A framed zstd chunk as this process opened it: an item is its frame's bytes (one read),
+    decompressed; the last frame decompressed is kept (a sequential read decompresses each once)."""
+
+    __slots__ = ("opened", "offsets", "frames", "leaves", "where", "last")
+
+    def __init__(self, opened: Opened, offsets: np.ndarray, frames: np.ndarray, leaves: Leaves, where: str):
+        self.opened, self.offsets, self.frames, self.leaves, self.where = opened, offsets, frames, leaves, where
+        self.last: tuple[int, bytes] | None = None
+
+    def _frame(self, f: int) -> bytes:
+        last = self.last
+        if last is not None and last[0] == f:
+            return last[1]
+        need("zstandard", "litdata", f"decompressing {self.where}")
+        _, _, at, zlen, raw = (int(x) for x in self.frames[f])
+        if raw > MEMORY_BYTES:
+            raise StoreError(f"{self.where}, frame {f}: {raw} bytes decompressed, more than lazyseq.litdata keeps in memory "
+                             f"({MEMORY_BYTES})")
+        out = io.BytesIO()
+        _decompress("zstd", self.opened.read(at, at + zlen), out, raw, f"{self.where}, frame {f}")
+        self.last = (f, out.getvalue())
+        return self.last[1]
+
+    def items(self, js: Sequence[int]) -> list:
+        out = []
+        for j in js:
+            f = int(np.searchsorted(self.frames[:, 0], j, side="right")) - 1
+            base = int(self.offsets[int(self.frames[f, 0])])
+            data = self._frame(f)
+            out.append(self.leaves.decode(memoryview(data)[int(self.offsets[j]) - base:int(self.offsets[j + 1]) - base], j))
+        return out
 
 
 class LitData(View):
@@ -78,7 +112,7 @@ class LitData(View):
         return _join(self.root, self.index.chunks[k].name)
 
     def _setup(self) -> None:
-        self._readers: dict[int, Reader] = {}
+        self._readers: dict[int, Reader | FramedReader] = {}
         self._locks = [threading.Lock() for _ in self.index.chunks]
         self._fork = fork_mark()
         self._starts = list(itertools.accumulate((c.items for c in self.index.chunks), initial=0))
@@ -92,7 +126,7 @@ class LitData(View):
         self._setup()
 
     # -- chunks ----------------------------------------------------------------------------------
-    def _reader(self, k: int) -> Reader:
+    def _reader(self, k: int) -> Reader | FramedReader:
         got = self._readers.get(k)
         if got is not None:
             return got
@@ -113,7 +147,7 @@ class LitData(View):
             opened = open_source(path, "a litdata chunk", self._remotes)
         except FileNotFoundError:
             raise StoreError(f"{where} is missing") from None
-        if not self.index.compression and opened.size != c.nbytes:  # (zstd: chunk_bytes is the size decompressed)
+        if self.index.compression != "zstd" and opened.size != c.nbytes:  # (zstd: chunk_bytes is the size decompressed)
             raise StoreError(f"{where} holds {opened.size} bytes, its index.json says {c.nbytes}")
         known = self._known[k]
         if known is not None and opened.stamp != known[1]:
@@ -122,10 +156,15 @@ class LitData(View):
         self._known[k] = (opened.size, opened.stamp)
         return opened
 
-    def _open(self, k: int) -> Reader:
+    def _open(self, k: int) -> Reader | FramedReader:
         c = self.index.chunks[k]
         opened = self._stat(k)
         where = f"{shown(self._file(k))} (chunk {k} of {shown(self.root)})"
+        leaves = Leaves(self.index.formats, self.index.spec, where, self.allow_pickle)
+        if self.index.compression == "framed":
+            frames = frames_of(opened.read(0, PREFIX.size), c, opened.size, where)
+            table = opened.read(PREFIX.size, PREFIX.size + 4 * (c.items + 1) + FRAME.size * frames)
+            return FramedReader(opened, *framed_table(table, c, frames, opened.size, where), leaves, where)
         if self.index.compression:
             opened = self._decompressed(k, opened, where)
             where = f"{where}, decompressed"
