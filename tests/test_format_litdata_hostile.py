@@ -62,6 +62,37 @@ def dataset(root, counts=(5, 4), zstd=False) -> dict:
     return index
 
 
+def framed_of(items: list[bytes], k: int = 2) -> bytes:
+    """A framed zstd chunk (litdata's compression_level='batch'): a prefix, the items' offsets in the
+    bytes decompressed, a frame table, then a zstd frame per ``k`` items."""
+    import zstandard
+
+    n, frames = len(items), -(-len(items) // k)
+    offsets = [sum(map(len, items[:j])) for j in range(n + 1)]
+    at = 24 + 4 * (n + 1) + 24 * frames
+    table, payload = b"", b""
+    for f in range(frames):
+        raw = b"".join(items[f * k:f * k + k])
+        z = zstandard.ZstdCompressor().compress(raw)
+        table += struct.pack("<IIQII", f * k, len(items[f * k:f * k + k]), at + len(payload), len(z), len(raw))
+        payload += z
+    return struct.pack("<8sHHIII", b"LDFZ01\0\0", 1, 0, n, k, frames) + struct.pack(f"<{n + 1}I", *offsets) + table + payload
+
+
+def framed_dataset(root, counts=(5, 4)) -> None:
+    os.makedirs(root, exist_ok=True)
+    chunks, first = [], 0
+    for k, n in enumerate(counts):
+        data, name = framed_of(items_of(n, first)), f"chunk-0-{k}.bin"
+        (root / name).write_bytes(data)
+        chunks.append({"chunk_bytes": len(data), "chunk_size": n, "dim": None, "filename": name})
+        first += n
+    index = {"chunks": chunks, "config": {"compression": "zstd", "compression_level": "batch", "compression_batch_size": 2,
+                                          "data_format": ["int", "str", "no_header_numpy:2"], "data_spec": SPEC,
+                                          "encryption": None, "item_loader": "PyTreeLoader"}}
+    (root / "index.json").write_text(json.dumps(index))
+
+
 def expect(i: int) -> dict:
     return {"x": i, "s": f"item {i}" * (i % 3), "a": np.arange(i % 4, dtype=np.int32)}
 
@@ -108,7 +139,9 @@ LIES = {
     "encrypted": (lambda ix: ix["config"].update(encryption={"level": "chunk"}), r"index.json.*encrypt"),
     "tokens": (lambda ix: ix["config"].update(item_loader="TokensLoader"), r"index.json.*TokensLoader"),
     "parquet": (lambda ix: ix["config"].update(item_loader="ParquetLoader"), r"index.json.*ParquetLoader"),
-    "framed": (lambda ix: ix["config"].update(compression="zstd", compression_level="batch"), r"index.json.*batch"),
+    "per item": (lambda ix: ix["config"].update(compression="zstd", compression_level="sample"), r"index.json.*sample"),
+    "framed, not": (lambda ix: ix["config"].update(compression="zstd", compression_level="batch"),
+                    r"chunk-0-0.bin.*not a version 1 framed"),
     "brotli": (lambda ix: ix["config"].update(compression="brotli"), r"index.json.*brotli"),
     "a missing chunk": (lambda ix: ix["chunks"][1].update(filename="chunk-9.bin"), r"chunk-9.bin.*missing"),
 }
@@ -220,3 +253,44 @@ def test_fuzz_mutated_index_and_chunk_headers(tmp_path):
             said = [c["chunk_size"] for c in json.loads((root / "index.json").read_text())["chunks"]]
             rows = [i for i in range(9) if said[0 if i < 5 else 1] != 0]
             assert correct(out[0], rows), f"trial {trial}: a mutation read wrong values"
+
+
+def test_framed_chunks_read_and_their_lies_are_store_errors(tmp_path):
+    pytest.importorskip("zstandard")
+    framed_dataset(tmp_path / "ds")
+    v = lazyseq.litdata(tmp_path / "ds")
+    assert correct(v) and correct(lazyseq.litdata(tmp_path / "ds")[[8, 0, 3, 2]], [8, 0, 3, 2])
+    good = (tmp_path / "ds" / "chunk-0-0.bin").read_bytes()
+    n, frames = 5, 3
+    table = 24 + 4 * (n + 1)
+    lies = {"count": (16, struct.pack("<I", 4)), "frames": (20, struct.pack("<I", 9)),
+            "an offset back": (24 + 8, struct.pack("<I", 0)), "a frame past the end": (table + 24 + 8, struct.pack("<Q", 10**6)),
+            "a frame's size": (table + 24 + 20, struct.pack("<I", 3)), "a frame's first item": (table + 24, struct.pack("<I", 1)),
+            "a frame's bytes": (table + 24 * frames + 5, b"\xff\xff")}
+    for what, (at, patch) in lies.items():
+        b = bytearray(good)
+        b[at:at + len(patch)] = patch
+        (tmp_path / "ds" / "chunk-0-0.bin").write_bytes(bytes(b))
+        e = raised_within(10, lambda: read_all(tmp_path / "ds"))
+        assert isinstance(e, StoreError) and "chunk-0-0.bin" in str(e), f"{what}: {e!r}"
+
+
+def test_fuzz_mutated_framed_headers(tmp_path):
+    """Random bytes of a framed chunk's prefix, offsets and frame table changed: a StoreError or a
+    correct read, each within a bound."""
+    pytest.importorskip("zstandard")
+    rng = np.random.default_rng(5)
+    framed_dataset(tmp_path / "ds")
+    path = tmp_path / "ds" / "chunk-0-0.bin"
+    good = path.read_bytes()
+    head = 24 + 4 * 6 + 24 * 3
+    for trial in range(200):
+        b = bytearray(good)
+        for _ in range(int(rng.integers(1, 4))):
+            b[int(rng.integers(0, head))] = int(rng.integers(256))
+        path.write_bytes(bytes(b))
+        out = []
+        e = raised_within(10, lambda out=out: out.append(read_all(tmp_path / "ds")))
+        assert e is None or isinstance(e, STRUCTURE), f"trial {trial}: {e!r}"
+        if e is None:
+            assert correct(out[0]), f"trial {trial}: a mutation read wrong values"

@@ -243,10 +243,10 @@ def litdata(path_or_url: Any, *, allow_pickle: bool = False, storage_options: di
     ``len`` and ``.cuts`` (each chunk's start: ``block_shuffle(v, v.cuts, seed)`` shuffles reading
     a few chunks at a time) come from ``index.json`` alone, checked. A chunk's offset table is read
     once, at its first read; item ``i`` then costs one read of its bytes (a batch: one request per
-    chunk). A zstd chunk (``pip install 'lazyseq[litdata]'``) is decompressed once, into
-    ``cache_dir`` (a verified copy) or in memory (at most 1 GiB a chunk). A ``pickle`` leaf is
-    refused unless ``allow_pickle=True``; encrypted data, other item loaders (tokens, parquet) and
-    framed compression are refused. ``storage_options``, ``timeout``: as :func:`~lazyseq.parquet`'s.
+    chunk). zstd (``pip install 'lazyseq[litdata]'``): a framed chunk (litdata's default) is read a
+    frame at a time; a whole-chunk stream is decompressed once, into ``cache_dir`` (a verified copy)
+    or in memory (at most 1 GiB a chunk). A ``pickle`` leaf is refused unless ``allow_pickle=True``;
+    encrypted data, other item loaders (tokens, parquet) and per-item compression are refused. ``storage_options``, ``timeout``: as :func:`~lazyseq.parquet`'s.
 
     >>> import os, struct, json, tempfile
     >>> root = tempfile.mkdtemp()
