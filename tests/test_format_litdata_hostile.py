@@ -294,3 +294,48 @@ def test_fuzz_mutated_framed_headers(tmp_path):
         assert e is None or isinstance(e, STRUCTURE), f"trial {trial}: {e!r}"
         if e is None:
             assert correct(out[0]), f"trial {trial}: a mutation read wrong values"
+
+
+def one_leaf_dataset(root, fmt: str, blobs: list[bytes]) -> None:
+    """A dataset of one chunk whose items are a single leaf of format ``fmt``."""
+    os.makedirs(root, exist_ok=True)
+    data = chunk_of([struct.pack("<I", len(b)) + b for b in blobs])
+    (root / "chunk-0-0.bin").write_bytes(data)
+    index = {"chunks": [{"chunk_bytes": len(data), "chunk_size": len(blobs), "filename": "chunk-0-0.bin"}],
+             "config": {"compression": None, "data_format": [fmt], "data_spec": None, "encryption": None,
+                        "item_loader": "PyTreeLoader"}}
+    (root / "index.json").write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("fmt", ["jpeg", "image:png"])
+def test_encoded_images_decode_as_litdata_decodes_them(tmp_path, fmt):
+    """jpeg and image leaves: an RGB (3, H, W) uint8 tensor, as litdata's torchvision decode gives."""
+    import io
+
+    PIL = pytest.importorskip("PIL.Image")
+    rng = np.random.default_rng(0)
+    blobs = []
+    for _ in range(3):
+        out = io.BytesIO()
+        PIL.fromarray(rng.integers(0, 255, (6, 5, 3), dtype=np.uint8)).save(out, format="JPEG" if fmt == "jpeg" else "PNG")
+        blobs.append(out.getvalue())
+    one_leaf_dataset(tmp_path / "ds", fmt, blobs)
+    v = lazyseq.litdata(tmp_path / "ds")
+    for x, b in zip(v, blobs):
+        want = np.asarray(PIL.open(io.BytesIO(b)).convert("RGB")).transpose(2, 0, 1)
+        got = x.numpy() if hasattr(x, "numpy") else x
+        assert got.shape == (3, 6, 5) and got.dtype == np.uint8 and np.array_equal(got, want)
+    one_leaf_dataset(tmp_path / "bad", fmt, [b"not an image"])
+    e = raised_within(10, lambda: lazyseq.litdata(tmp_path / "bad")[0])
+    assert isinstance(e, StoreError) and "item 0" in str(e) and "'item'" in str(e), repr(e)
+
+
+def test_a_missing_extra_is_an_import_error_naming_it(tmp_path, monkeypatch):
+    pytest.importorskip("zstandard")
+    framed_dataset(tmp_path / "framed")
+    dataset(tmp_path / "whole", zstd=True)
+    monkeypatch.setitem(__import__("sys").modules, "zstandard", None)
+    for name in ("framed", "whole"):
+        v = lazyseq.litdata(tmp_path / name)  # (made without it: only a read needs it)
+        e = raised_within(10, lambda v=v: v[0])
+        assert isinstance(e, ImportError) and "lazyseq[litdata]" in str(e), repr(e)

@@ -246,7 +246,8 @@ def litdata(path_or_url: Any, *, allow_pickle: bool = False, storage_options: di
     chunk). zstd (``pip install 'lazyseq[litdata]'``): a framed chunk (litdata's default) is read a
     frame at a time; a whole-chunk stream is decompressed once, into ``cache_dir`` (a verified copy)
     or in memory (at most 1 GiB a chunk). A ``pickle`` leaf is refused unless ``allow_pickle=True``;
-    encrypted data, other item loaders (tokens, parquet) and per-item compression are refused. ``storage_options``, ``timeout``: as :func:`~lazyseq.parquet`'s.
+    encrypted data, other item loaders (tokens, parquet) and per-item compression are refused.
+    ``storage_options``, ``timeout``: as :func:`~lazyseq.parquet`'s.
 
     >>> import os, struct, json, tempfile
     >>> root = tempfile.mkdtemp()
