@@ -176,12 +176,16 @@ def test_http_reads_the_same(data, http_files, tmp_path):
         assert all(same(v[i], ref[i]) for i in range(len(ref)))
         assert all(same(a, ref[i]) for a, i in zip(v[[3, 19, 0, 4]], [3, 19, 0, 4]))
         assert same(pickle.loads(pickle.dumps(v))[7], ref[7])
-    v = lazyseq.litdata(f"{http_files.url}/ds-None")
-    v[1]
-    http_files.reset_counts()
-    v[2]
-    gets = [r for r in http_files.requests if r.method == "GET"]
-    assert len(http_files.requests) == 1 and len(gets) == 1 and gets[0].range, "an item: one ranged GET"
+    for c in (None, "batch"):  # (batch: frames of 2 items, item 2 the first of the second frame)
+        v = lazyseq.litdata(f"{http_files.url}/ds-{c}")
+        v[1]
+        http_files.reset_counts()
+        assert same(v[2], data[1][c][2])
+        gets = [r for r in http_files.requests if r.method == "GET"]
+        assert len(http_files.requests) == 1 and len(gets) == 1 and gets[0].range, "an item: one ranged GET"
+        http_files.reset_counts()
+        assert all(same(a, data[1][c][i]) for a, i in zip(v[[4, 3, 0, 1]], [4, 3, 0, 1]))
+        assert len(http_files.requests) <= 4, "a batch: its ranges at once"
 
 
 def test_s3_reads_the_same(data, s3):

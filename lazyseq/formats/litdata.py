@@ -49,7 +49,8 @@ class Reader:
 
 class FramedReader:
     """A framed zstd chunk as this process opened it: an item is its frame's bytes (one read),
-    decompressed; the last frame decompressed is kept (a sequential read decompresses each once)."""
+    decompressed; a batch reads its frames' at once; the last frame decompressed is kept (a
+    sequential read decompresses each once)."""
 
     __slots__ = ("opened", "offsets", "frames", "leaves", "where", "last")
 
@@ -57,27 +58,38 @@ class FramedReader:
         self.opened, self.offsets, self.frames, self.leaves, self.where = opened, offsets, frames, leaves, where
         self.last: tuple[int, bytes] | None = None
 
-    def _frame(self, f: int) -> bytes:
-        last = self.last
-        if last is not None and last[0] == f:
-            return last[1]
-        need("zstandard", "litdata", f"decompressing {self.where}")
-        _, _, at, zlen, raw = (int(x) for x in self.frames[f])
-        if raw > MEMORY_BYTES:
-            raise StoreError(f"{self.where}, frame {f}: {raw} bytes decompressed, more than lazyseq.litdata keeps in memory "
-                             f"({MEMORY_BYTES})")
-        out = io.BytesIO()
-        _decompress("zstd", self.opened.read(at, at + zlen), out, raw, f"{self.where}, frame {f}")
-        self.last = (f, out.getvalue())
-        return self.last[1]
+    def _frames(self, fs: list[int]) -> dict[int, bytes]:
+        """Frames ``fs`` decompressed: their compressed bytes read at once (over a URL: one request)."""
+        last, got = self.last, {}
+        if last is not None and last[0] in fs:
+            got[last[0]] = last[1]
+        wanted = [f for f in fs if f not in got]
+        if wanted:
+            need("zstandard", "litdata", f"decompressing {self.where}")
+            rows = [tuple(int(x) for x in self.frames[f]) for f in wanted]
+            for f, (_, _, _, _, raw) in zip(wanted, rows):
+                if raw > MEMORY_BYTES:
+                    raise StoreError(f"{self.where}, frame {f}: {raw} bytes decompressed, more than lazyseq.litdata keeps "
+                                     f"in memory ({MEMORY_BYTES})")
+            ranges = [(at, at + zlen) for _, _, at, zlen, _ in rows]
+            blobs = [self.opened.read(*ranges[0])] if len(ranges) == 1 else self.opened.read_many(ranges)
+            for f, row, blob in zip(wanted, rows, blobs):
+                out = io.BytesIO()
+                _decompress("zstd", blob, out, row[4], f"{self.where}, frame {f}")
+                got[f] = out.getvalue()
+        self.last = (fs[-1], got[fs[-1]])
+        return got
 
     def items(self, js: Sequence[int]) -> list:
+        if not js:
+            return []
+        fs = [int(np.searchsorted(self.frames[:, 0], j, side="right")) - 1 for j in js]
+        frames = self._frames(list(dict.fromkeys(fs)))
         out = []
-        for j in js:
-            f = int(np.searchsorted(self.frames[:, 0], j, side="right")) - 1
+        for j, f in zip(js, fs):
             base = int(self.offsets[int(self.frames[f, 0])])
-            data = self._frame(f)
-            out.append(self.leaves.decode(memoryview(data)[int(self.offsets[j]) - base:int(self.offsets[j + 1]) - base], j))
+            data = memoryview(frames[f])[int(self.offsets[j]) - base:int(self.offsets[j + 1]) - base]
+            out.append(self.leaves.decode(data, j))
         return out
 
 
