@@ -30,6 +30,8 @@ from .sources import Opened, Remotes, need, open_source, read_by_part, shown
 
 __all__ = ["litdata", "LitData"]
 
+ARROW = b"LDARW01\0"  # the magic ending a chunk with an Arrow IPC footer of its rows
+
 
 class Reader:
     """A chunk as this process opened it: its (uncompressed) bytes and offsets."""
@@ -181,6 +183,9 @@ class LitData(View):
             opened = self._decompressed(k, opened, where)
             where = f"{where}, decompressed"
         offsets = offsets_of(opened.read(0, min(opened.size, 4 * (c.items + 2))), c, opened.size, where)
+        if c.items and offsets[-1] == offsets[0] and opened.size >= 8 and opened.read(opened.size - 8, opened.size) == ARROW:
+            raise StoreError(f"{where} holds its items only as an Arrow IPC footer (litdata writes rows of strings or "
+                             "nested lists so): not read by lazyseq.litdata yet; lazyseq.arrow reads Arrow files")
         return Reader(opened, offsets, Leaves(self.index.formats, self.index.spec, where, self.allow_pickle))
 
     def _decompressed(self, k: int, opened: Opened, where: str) -> Opened:
