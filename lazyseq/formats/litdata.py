@@ -26,6 +26,7 @@ from ..files import is_url, local_path
 from ..files.remote import check_settings
 from .litcodec import FRAME, INDEX_BYTES, PREFIX, Leaves, framed_table, frames_of, index_of, offsets_of
 from .mds import MEMORY_BYTES, _cached, _decompress, _join
+from .mdscodec import printable
 from .sources import Opened, Remotes, need, open_source, read_by_part, shown
 
 __all__ = ["litdata", "LitData"]
@@ -95,6 +96,35 @@ class FramedReader:
         return out
 
 
+class ArrowReader:
+    """A chunk whose items litdata kept only as a trailing Arrow IPC file (rows of strings or nested
+    lists): the file read once, checked (its place, its rows the chunk's items); an item its row."""
+
+    __slots__ = ("batches", "starts")
+
+    def __init__(self, opened: Opened, items: int, after: int, where: str):
+        pa = need("pyarrow", "litdata", f"reading {where} (its items are an Arrow IPC table)")
+        size = int(np.frombuffer(opened.read(opened.size - 12, opened.size - 8), "<u4")[0])
+        start = opened.size - 12 - size
+        if not size or start < after:
+            raise StoreError(f"{where}: its Arrow footer of {size} bytes does not fit after its offset table")
+        try:
+            f = pa.ipc.open_file(pa.py_buffer(opened.read(start, start + size)))
+            self.batches = [f.get_batch(b) for b in range(f.num_record_batches)]
+        except pa.ArrowException as e:
+            raise StoreError(f"{where}: its Arrow footer is not an Arrow IPC file: {printable(e)}") from None
+        self.starts = list(itertools.accumulate((b.num_rows for b in self.batches), initial=0))
+        if self.starts[-1] != items:
+            raise StoreError(f"{where}: its Arrow footer holds {self.starts[-1]} rows, its index.json says {items} items")
+
+    def items(self, js: Sequence[int]) -> list:
+        out = []
+        for j in js:
+            b = bisect.bisect_right(self.starts, j) - 1
+            out.append(self.batches[b].slice(j - self.starts[b], 1).to_pylist()[0])
+        return out
+
+
 class LitData(View):
     """The items of a litdata dataset: see :func:`litdata`."""
 
@@ -126,7 +156,7 @@ class LitData(View):
         return _join(self.root, self.index.chunks[k].name)
 
     def _setup(self) -> None:
-        self._readers: dict[int, Reader | FramedReader] = {}
+        self._readers: dict[int, Reader | FramedReader | ArrowReader] = {}
         self._locks = [threading.Lock() for _ in self.index.chunks]
         self._fork = fork_mark()
         self._starts = list(itertools.accumulate((c.items for c in self.index.chunks), initial=0))
@@ -140,7 +170,7 @@ class LitData(View):
         self._setup()
 
     # -- chunks ----------------------------------------------------------------------------------
-    def _reader(self, k: int) -> Reader | FramedReader:
+    def _reader(self, k: int) -> Reader | FramedReader | ArrowReader:
         got = self._readers.get(k)
         if got is not None:
             return got
@@ -170,7 +200,7 @@ class LitData(View):
         self._known[k] = (opened.size, opened.stamp)
         return opened
 
-    def _open(self, k: int) -> Reader | FramedReader:
+    def _open(self, k: int) -> Reader | FramedReader | ArrowReader:
         c = self.index.chunks[k]
         opened = self._stat(k)
         where = f"{shown(self._file(k))} (chunk {k} of {shown(self.root)})"
@@ -183,9 +213,8 @@ class LitData(View):
             opened = self._decompressed(k, opened, where)
             where = f"{where}, decompressed"
         offsets = offsets_of(opened.read(0, min(opened.size, 4 * (c.items + 2))), c, opened.size, where)
-        if c.items and offsets[-1] == offsets[0] and opened.size >= 8 and opened.read(opened.size - 8, opened.size) == ARROW:
-            raise StoreError(f"{where} holds its items only as an Arrow IPC footer (litdata writes rows of strings or "
-                             "nested lists so): not read by lazyseq.litdata yet; lazyseq.arrow reads Arrow files")
+        if c.items and offsets[-1] == offsets[0] and opened.size >= 12 and opened.read(opened.size - 8, opened.size) == ARROW:
+            return ArrowReader(opened, c.items, int(offsets[-1]), where)
         return Reader(opened, offsets, Leaves(self.index.formats, self.index.spec, where, self.allow_pickle))
 
     def _decompressed(self, k: int, opened: Opened, where: str) -> Opened:
@@ -255,7 +284,8 @@ def litdata(path_or_url: Any, *, allow_pickle: bool = False, storage_options: di
     ``chunk-*.bin``, plain or ``compression="zstd"``) as a random-access view: item ``i`` is what
     ``litdata.StreamingDataset(dir)[i]`` gives (ints, floats, str, bytes (litdata: a memoryview),
     numpy arrays, torch tensors (numpy arrays without torch), PIL images, jpeg as ``(3, H, W)``
-    uint8, in the dicts, tuples and lists they were written in). The litdata package is not needed.
+    uint8, in the dicts, tuples and lists they were written in; rows litdata kept only as an Arrow
+    footer as their ``to_pylist`` rows). The litdata package is not needed.
 
     ``len`` and ``.cuts`` (each chunk's start: ``block_shuffle(v, v.cuts, seed)`` shuffles reading
     a few chunks at a time) come from ``index.json`` alone, checked. A chunk's offset table is read
