@@ -339,3 +339,47 @@ def test_a_missing_extra_is_an_import_error_naming_it(tmp_path, monkeypatch):
         v = lazyseq.litdata(tmp_path / name)  # (made without it: only a read needs it)
         e = raised_within(10, lambda v=v: v[0])
         assert isinstance(e, ImportError) and "lazyseq[litdata]" in str(e), repr(e)
+
+
+def arrow_footer_dataset(root, n=4) -> bytes:
+    """A chunk as litdata writes rows of strings: offsets all at the table's end, then an Arrow IPC
+    file of the rows, its size (u32) and the magic ``LDARW01\\0``."""
+    pa = pytest.importorskip("pyarrow")
+    os.makedirs(root, exist_ok=True)
+    head = 4 * (n + 2)
+    sink = pa.BufferOutputStream()
+    table = pa.Table.from_pylist([{"text": f"row {i}"} for i in range(n)])
+    with pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    ipc = sink.getvalue().to_pybytes()
+    data = struct.pack(f"<{n + 2}I", n, *[head] * (n + 1)) + ipc + struct.pack("<I", len(ipc)) + b"LDARW01\0"
+    (root / "chunk-0-0.bin").write_bytes(data)
+    index = {"chunks": [{"chunk_bytes": len(data), "chunk_size": n, "filename": "chunk-0-0.bin"}],
+             "config": {"compression": None, "data_format": ["str"], "data_spec": json.dumps(
+                 [1, {"type": "builtins.dict", "context": json.dumps(["text"]), "children_spec": [LEAF]}]),
+                 "encryption": None, "item_loader": "PyTreeLoader"}}
+    (root / "index.json").write_text(json.dumps(index))
+    return data
+
+
+def test_an_arrow_footer_that_lies_is_a_store_error_naming_the_chunk(tmp_path):
+    good = arrow_footer_dataset(tmp_path / "ds")
+    assert [x["text"] for x in lazyseq.litdata(tmp_path / "ds")] == [f"row {i}" for i in range(4)]
+    path = tmp_path / "ds" / "chunk-0-0.bin"
+    for what, at, patch in [("size past the start", len(good) - 12, struct.pack("<I", 10**6)),
+                            ("size zero", len(good) - 12, struct.pack("<I", 0)),
+                            ("not Arrow", len(good) - 12 - 6, b"garbage"[:6]),
+                            ("fewer rows", None, None)]:
+        if at is None:
+            arrow_footer_dataset(tmp_path / "ds", n=4)
+            change(tmp_path / "ds", lambda ix: ix["chunks"][0].update(chunk_size=3))
+            b = bytearray(path.read_bytes())
+            b[0:24] = struct.pack("<5I", 3, *[20] * 4) + b[20:24]  # (the count 3, its 4 offsets: 16 + 4 bytes)
+            change(tmp_path / "ds", lambda ix: None)
+        else:
+            b = bytearray(good)
+            b[at:at + len(patch)] = patch
+        path.write_bytes(bytes(b))
+        e = raised_within(10, lambda: read_all(tmp_path / "ds"))
+        assert isinstance(e, StoreError) and "chunk-0-0.bin" in str(e), f"{what}: {e!r}"
+        arrow_footer_dataset(tmp_path / "ds")
