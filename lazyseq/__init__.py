@@ -26,6 +26,7 @@ from .evaluation import empty, empty_like, prefetch, shutdown_ray
 from .formats.array_record import array_record
 from .formats.arrow import arrow
 from .formats.lance import lance
+from .formats.litdata import litdata
 from .formats.mds import mds
 from .formats.parquet import parquet
 from .formats.webdataset import webdataset
@@ -62,5 +63,5 @@ __all__ = [
     "mix", "schedule",
     "shutdown_ray",
     "pack", "bucket", "pad_collate", "varlen_collate",
-    "parquet", "arrow", "lance", "webdataset", "mds", "array_record",
+    "parquet", "arrow", "lance", "webdataset", "mds", "array_record", "litdata",
 ]

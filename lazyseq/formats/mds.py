@@ -28,7 +28,7 @@ from ..core.decoded import fork_mark
 from ..errors import StoreError
 from ..files import is_url, local_path
 from ..files.remote import check_settings
-from .mdscodec import INDEX_BYTES, Columns, Shard, offsets_of, printable, shards_of
+from .mdscodec import INDEX_BYTES, Columns, offsets_of, printable, shards_of
 from .sources import Opened, Remotes, need, open_source, read_by_part, shown
 
 __all__ = ["mds", "MDS"]
@@ -167,7 +167,7 @@ class MDS(View):
             _decompress(s.compression, data, out, s.raw_bytes, where)  # type: ignore[arg-type]
             return Opened(opened.path, s.raw_bytes, opened.stamp, buffer=out.getvalue())
         source = self._file(k) if is_url(self._file(k)) else os.path.abspath(self._file(k))
-        copy = _cached(os.fspath(cache_dir), source, s, data, opened.stamp, where)
+        copy = _cached(os.fspath(cache_dir), source, s.compression, s.raw_bytes, data, opened.stamp, where)  # type: ignore[arg-type]
         return open_source(copy, "a decompressed MDS shard", self._remotes)
 
     # -- shape and reads -------------------------------------------------------------------------
@@ -258,18 +258,19 @@ def _decompress(kind: str, data: Any, out: Any, size: int, where: str) -> str:
     return h.hexdigest()
 
 
-def _cached(root: str, source: str, s: Shard, data: Any, stamp: Any, where: str) -> str:
-    """The verified decompressed copy of shard ``s`` under ``root``, made if need be: a record
-    beside it (written last) holds its digest, checked once per process as :mod:`.untar` does."""
+def _cached(root: str, source: str, kind: str, size: int, data: Any, stamp: Any, where: str, tag: str = "mds") -> str:
+    """The verified decompressed copy (``size`` bytes) of the file
+    ``source`` under ``root``, made if need be: a record beside it (written last) holds its digest,
+    checked once per process as :mod:`.untar` does. ``tag``: the format, in the copy's name."""
     from .untar import _hash, _proves, _uid, write_fresh
 
     root = os.path.abspath(root)
-    base = os.path.join(root, _hash(f"{_uid()}\0mds\0{source}\0{len(data)}\0{stamp}")[:40] + ".mds")
+    base = os.path.join(root, _hash(f"{_uid()}\0{tag}\0{source}\0{len(data)}\0{stamp}")[:40] + f".{tag}")
     if _proves(base, source, len(data), stamp):
         return base
     os.makedirs(root, exist_ok=True)
-    digest = write_fresh(root, base, lambda f: _decompress(s.compression, data, f, s.raw_bytes, where))  # type: ignore[arg-type]
-    record = {"source": _hash(source), "source_size": len(data), "stamp": str(stamp), "size": s.raw_bytes, "digest": digest}
+    digest = write_fresh(root, base, lambda f: _decompress(kind, data, f, size, where))
+    record = {"source": _hash(source), "source_size": len(data), "stamp": str(stamp), "size": size, "digest": digest}
     write_fresh(root, base + ".json", lambda f: f.write(json.dumps(record, sort_keys=True).encode()))
     return base
 
