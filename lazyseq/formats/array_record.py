@@ -16,7 +16,6 @@ pool; Grain's 32 KiB file buffer). A file the reader cannot open (truncated, gar
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import itertools
 import json
@@ -32,7 +31,7 @@ from ..errors import RemoteReadError, StoreError
 from ..files import is_url
 from ..files.local import open_data
 from ..files.remote import check_settings
-from .sources import Remotes, list_files, need, open_source, read_by_part, shown
+from .sources import PartsEndToEnd, Remotes, list_files, need, open_source, shown
 
 __all__ = ["array_record", "ArrayRecord"]
 
@@ -104,7 +103,7 @@ def _copy(root: str, url: str, remotes: Remotes, where: str) -> tuple[str, Any]:
     return base, opened.stamp
 
 
-class ArrayRecord(View):
+class ArrayRecord(PartsEndToEnd, View):
     """The records of ArrayRecord files: see :func:`array_record`."""
 
     checks_keys = False
@@ -211,11 +210,7 @@ class ArrayRecord(View):
         """The index where each file after the first starts: ``block_shuffle(v, v.cuts, seed)``."""
         return self._starts[1:-1]
 
-    def _where(self, i: int) -> tuple[int, int]:
-        k = bisect.bisect_right(self._starts, i) - 1
-        return k, i - self._starts[k]
-
-    def _records(self, k: int, js: Sequence[int]) -> list[bytes]:
+    def _part(self, k: int, js: Sequence[int]) -> list[bytes]:
         if self._fork != fork_mark():  # a forked child: the parent's locks may be held, its readers its own
             self._remotes = Remotes({k: self.settings[k] for k in ("storage_options", "timeout")})
             self._setup()
@@ -230,13 +225,6 @@ class ArrayRecord(View):
         if len(got) != len(js):
             raise StoreError(f"{self._where_file(k)} gave {len(got)} records for {len(js)} asked")
         return [bytes(b) for b in got]
-
-    def _get(self, i: int) -> bytes:
-        k, j = self._where(i)
-        return self._records(k, [j])[0]
-
-    def _get_many(self, idx: Sequence[int]) -> list:
-        return read_by_part(idx, self._where, self._records)
 
     # -- description -----------------------------------------------------------------------------
     def fingerprint_identity(self) -> dict:

@@ -27,7 +27,7 @@ from ..files.remote import check_settings
 from .litcodec import FRAME, INDEX_BYTES, PREFIX, Leaves, framed_table, frames_of, index_of, offsets_of
 from .mds import MEMORY_BYTES, _cached, _decompress, _join
 from .mdscodec import printable
-from .sources import Opened, Remotes, need, open_source, read_by_part, shown
+from .sources import Opened, PartsEndToEnd, Remotes, need, open_source, shown
 
 __all__ = ["litdata", "LitData"]
 
@@ -125,7 +125,7 @@ class ArrowReader:
         return out
 
 
-class LitData(View):
+class LitData(PartsEndToEnd, View):
     """The items of a litdata dataset: see :func:`litdata`."""
 
     checks_keys = False
@@ -249,16 +249,8 @@ class LitData(View):
         """The index where each chunk after the first starts: ``block_shuffle(v, v.cuts, seed)``."""
         return self._starts[1:-1]
 
-    def _where(self, i: int) -> tuple[int, int]:
-        k = bisect.bisect_right(self._starts, i) - 1
-        return k, i - self._starts[k]
-
-    def _get(self, i: int) -> Any:
-        k, j = self._where(i)
-        return self._reader(k).items([j])[0]
-
-    def _get_many(self, idx: Sequence[int]) -> list:
-        return read_by_part(idx, self._where, lambda k, js: self._reader(k).items(js))
+    def _part(self, k: int, js: Sequence[int]) -> list:
+        return self._reader(k).items(js)
 
     # -- description -----------------------------------------------------------------------------
     def fingerprint_identity(self) -> dict:

@@ -9,7 +9,6 @@ ranges at once). A compressed shard is decompressed once, into ``cache_dir`` (a 
 
 from __future__ import annotations
 
-import bisect
 import bz2
 import hashlib
 import io
@@ -29,7 +28,7 @@ from ..errors import StoreError
 from ..files import is_url, local_path
 from ..files.remote import check_settings
 from .mdscodec import INDEX_BYTES, Columns, offsets_of, printable, shards_of
-from .sources import Opened, Remotes, need, open_source, read_by_part, shown
+from .sources import Opened, PartsEndToEnd, Remotes, need, open_source, shown
 
 __all__ = ["mds", "MDS"]
 
@@ -59,7 +58,7 @@ class Reader:
         return [self.columns.decode(b, j) for j, b in zip(js, blobs)]
 
 
-class MDS(View):
+class MDS(PartsEndToEnd, View):
     """The samples of a MosaicML MDS dataset: see :func:`mds`."""
 
     checks_keys = False
@@ -184,16 +183,8 @@ class MDS(View):
         """The index where each shard after the first starts: ``block_shuffle(v, v.cuts, seed)``."""
         return self._starts[1:-1]
 
-    def _where(self, i: int) -> tuple[int, int]:
-        k = bisect.bisect_right(self._starts, i) - 1
-        return k, i - self._starts[k]
-
-    def _get(self, i: int) -> dict:
-        k, j = self._where(i)
-        return self._reader(k).samples([j])[0]
-
-    def _get_many(self, idx: Sequence[int]) -> list:
-        return read_by_part(idx, self._where, lambda k, js: self._reader(k).samples(js))
+    def _part(self, k: int, js: Sequence[int]) -> list[dict]:
+        return self._reader(k).samples(js)
 
     # -- description -----------------------------------------------------------------------------
     def fingerprint_identity(self) -> dict:

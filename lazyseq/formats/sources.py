@@ -11,6 +11,7 @@ ranged GETs carrying the object's version), or with ``cache_dir`` its verified l
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import io
 import mmap
@@ -141,6 +142,26 @@ def read_by_part(idx: Sequence[int], where: Callable[[int], tuple[int, int]],
         for (at, _), item in zip(pairs, read(k, [j for _, j in pairs])):
             out[at] = item
     return out
+
+
+class PartsEndToEnd:
+    """The reads of a view whose items lie in parts end to end (shards, files, chunks): ``_starts``
+    (each part's first index, then the length) and ``_part(k, js)`` (the items ``js`` of part ``k``)
+    make ``_where``, ``_get`` and ``_get_many`` (a bulk read: one ``_part`` call per part)."""
+
+    def _part(self, k: int, js: Sequence[int]) -> list:
+        raise NotImplementedError
+
+    def _where(self, i: int) -> tuple[int, int]:
+        k = bisect.bisect_right(self._starts, i) - 1  # type: ignore[attr-defined]
+        return k, i - self._starts[k]  # type: ignore[attr-defined]
+
+    def _get(self, i: int) -> Any:
+        k, j = self._where(i)
+        return self._part(k, [j])[0]
+
+    def _get_many(self, idx: Sequence[int]) -> list:
+        return read_by_part(idx, self._where, self._part)
 
 
 # -- opening ---------------------------------------------------------------------------------------
