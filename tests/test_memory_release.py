@@ -6,6 +6,7 @@ workers, and a worker forked after the drop inherits none of it. One test per so
 of reading; each also checks that something was held before the drop, so that none passes empty."""
 
 import gc
+import itertools
 import os
 import weakref
 from collections.abc import Callable
@@ -223,19 +224,31 @@ def garbage_here(x: Any) -> tuple:
     return x, os.getpid(), len(lazyseq_garbage()), decoded_alive()
 
 
+CALLS = itertools.count()  # per process: a forked worker counts from the parent's value
+
+
+def garbage_now_and_then(x: Any) -> tuple:
+    """:func:`garbage_here` with the collector's look every 8th item read in this process (a full
+    collection in a worker that imported torch costs ~0.1 s: every item's made this test 97 s in CI)."""
+    looked = next(CALLS) % 8 == 0
+    return x, os.getpid(), len(lazyseq_garbage()) if looked else 0, decoded_alive(), looked
+
+
 def test_persistent_workers_free_each_epochs_pipeline(gc_off, tmp_path):
     """Each epoch binds the dataset's views to it in the worker (a copy of what follows the epoch):
     the copy of the epoch before is gone by the next, nothing left for a collector."""
-    data = ls.smap(garbage_here, ls.block_shuffle(chunks(str(tmp_path)), 20, seed=3))
+    data = ls.smap(garbage_now_and_then, ls.block_shuffle(chunks(str(tmp_path)), 20, seed=3))
     loader = ls.DataLoader(data, batch_size=6, shuffle=True, seed=1, num_workers=2, persistent_workers=True,
                            to_tensor=False, collate_fn=list)
     seen = []
     for epoch in range(3):
         seen += [(epoch, *x[1:]) for b in loader for x in b]
     loader.close()
-    assert len(seen) == 3 * 120 and len({pid for _, pid, _, _ in seen}) == 2
+    assert len(seen) == 3 * 120 and len({pid for _, pid, _, _, _ in seen}) == 2
+    for epoch in range(3):  # the collector looked in each worker in each epoch
+        assert {s[1] for s in seen if s[0] == epoch and s[4]} == {s[1] for s in seen}, epoch
     assert [s for s in seen if s[2] != 0] == []  # no cycle of lazyseq's in a worker, in any epoch
-    assert max(alive for *_, alive in seen) <= 3 + 1  # the chunk cache's 3, and the one being read
+    assert max(s[3] for s in seen) <= 3 + 1  # the chunk cache's 3, and the one being read
 
 
 def test_a_worker_forked_after_the_drop_inherits_nothing_of_it(gc_off, tmp_path):
