@@ -7,6 +7,7 @@ block_shuffle over ``.cuts``, save, tensors without torch, HTTP and S3.
 ``StreamingDataset`` may remove a local dataset's chunks as it reads them (its cache): it reads a
 copy (:func:`reference`)."""
 
+import multiprocessing
 import os
 import pickle
 import shutil
@@ -39,7 +40,11 @@ def write(path, n=23, compression=None, fn=item) -> str:
     extra = {"compression": "zstd", "compression_level": "batch" if compression == "batch" else "chunk"} if compression else {}
     if compression == "batch":
         extra["compression_batch_size"] = 2
-    litdata.optimize(fn=fn, inputs=list(range(n)), output_dir=str(path), chunk_size=5, num_workers=1, **extra)
+    method = multiprocessing.get_start_method(allow_none=True)
+    try:
+        litdata.optimize(fn=fn, inputs=list(range(n)), output_dir=str(path), chunk_size=5, num_workers=1, **extra)
+    finally:  # optimize sets this process's start method to spawn: every later test's workers would spawn
+        multiprocessing.set_start_method(method, force=True)
     return str(path)
 
 
@@ -226,3 +231,9 @@ def test_a_missing_dataset_and_bad_arguments():
         lazyseq.litdata("/nonexistent/ds")
     with pytest.raises(TypeError, match="lazyseq.litdata"):
         lazyseq.litdata(3)
+
+
+def test_writing_the_datasets_left_the_start_method_as_it_was(data):
+    """litdata.optimize sets multiprocessing's start method to spawn; the fixture puts it back, so
+    later tests' workers start as they would have (a spawned worker cannot import a test module)."""
+    assert multiprocessing.get_start_method(allow_none=True) in (None, "fork")
