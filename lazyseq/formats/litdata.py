@@ -13,14 +13,12 @@ import bisect
 import io
 import itertools
 import os
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from ..core.base import View
-from ..core.decoded import fork_mark
 from ..errors import StoreError
 from ..files import is_url, local_path
 from ..files.remote import check_settings
@@ -156,10 +154,7 @@ class LitData(PartsEndToEnd, View):
         return _join(self.root, self.index.chunks[k].name)
 
     def _setup(self) -> None:
-        self._readers: dict[int, Reader | FramedReader | ArrowReader] = {}
-        self._locks = [threading.Lock() for _ in self.index.chunks]
-        self._fork = fork_mark()
-        self._starts = list(itertools.accumulate((c.items for c in self.index.chunks), initial=0))
+        self._setup_parts(c.items for c in self.index.chunks)
 
     def __getstate__(self) -> dict:
         return {k: self.__dict__[k] for k in ("root", "settings", "allow_pickle", "index_stamp", "index", "_known")}
@@ -170,19 +165,6 @@ class LitData(PartsEndToEnd, View):
         self._setup()
 
     # -- chunks ----------------------------------------------------------------------------------
-    def _reader(self, k: int) -> Reader | FramedReader | ArrowReader:
-        got = self._readers.get(k)
-        if got is not None:
-            return got
-        if self._fork != fork_mark():  # a forked child: the parent's locks may be held, its connections its own
-            self._remotes = Remotes(self.settings)
-            self._setup()
-        with self._locks[k]:
-            got = self._readers.get(k)
-            if got is None:
-                got = self._readers[k] = self._open(k)
-        return got
-
     def _stat(self, k: int) -> Opened:
         """Chunk ``k``'s file opened, checked against index.json and what this view saw."""
         c, path = self.index.chunks[k], self._file(k)

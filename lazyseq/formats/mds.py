@@ -12,10 +12,8 @@ from __future__ import annotations
 import bz2
 import hashlib
 import io
-import itertools
 import json
 import os
-import threading
 import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -23,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from ..core.base import View
-from ..core.decoded import fork_mark
 from ..errors import StoreError
 from ..files import is_url, local_path
 from ..files.remote import check_settings
@@ -95,10 +92,7 @@ class MDS(PartsEndToEnd, View):
         return _join(self.root, s.zip if s.compression else s.raw)  # type: ignore[arg-type]
 
     def _setup(self) -> None:
-        self._readers: dict[int, Reader] = {}
-        self._locks = [threading.Lock() for _ in self.shards]
-        self._fork = fork_mark()
-        self._starts = list(itertools.accumulate((s.samples for s in self.shards), initial=0))
+        self._setup_parts(s.samples for s in self.shards)
 
     def __getstate__(self) -> dict:
         return {k: self.__dict__[k] for k in ("root", "settings", "strict", "allow_pickle", "index_stamp", "shards",
@@ -110,19 +104,6 @@ class MDS(PartsEndToEnd, View):
         self._setup()
 
     # -- shards ----------------------------------------------------------------------------------
-    def _reader(self, k: int) -> Reader:
-        got = self._readers.get(k)
-        if got is not None:
-            return got
-        if self._fork != fork_mark():  # a forked child: the parent's locks may be held, its connections its own
-            self._remotes = Remotes(self.settings)
-            self._setup()
-        with self._locks[k]:
-            got = self._readers.get(k)
-            if got is None:
-                got = self._readers[k] = self._open(k)
-        return got
-
     def _stat(self, k: int) -> Opened:
         """Shard ``k``'s file (compressed, if it is) opened, checked against index.json and what this view saw."""
         s, path = self.shards[k], self._file(k)

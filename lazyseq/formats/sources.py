@@ -14,12 +14,15 @@ from __future__ import annotations
 import bisect
 import contextlib
 import io
+import itertools
 import mmap
 import os
-from collections.abc import Callable, Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.decoded import fork_mark
 from ..errors import RemoteReadError, StoreError
 from ..files import DiskCache, Remote, RemoteFile, is_url, local_path, redact
 from ..files.local import open_data
@@ -147,7 +150,32 @@ def read_by_part(idx: Sequence[int], where: Callable[[int], tuple[int, int]],
 class PartsEndToEnd:
     """The reads of a view whose items lie in parts end to end (shards, files, chunks): ``_starts``
     (each part's first index, then the length) and ``_part(k, js)`` (the items ``js`` of part ``k``)
-    make ``_where``, ``_get`` and ``_get_many`` (a bulk read: one ``_part`` call per part)."""
+    make ``_where``, ``_get`` and ``_get_many`` (a bulk read: one ``_part`` call per part).
+    :meth:`_setup_parts` makes ``_starts``; :meth:`_reader` opens part ``k`` once per process
+    (``_open(k)``; a forked child calls the view's ``_setup()`` and opens its own)."""
+
+    def _setup_parts(self, counts: Iterable[int]) -> None:
+        counts = list(counts)
+        self._readers: dict[int, Any] = {}
+        self._locks = [threading.Lock() for _ in counts]
+        self._fork = fork_mark()
+        self._starts = list(itertools.accumulate(counts, initial=0))
+
+    def _open(self, k: int) -> Any:
+        raise NotImplementedError
+
+    def _reader(self, k: int) -> Any:
+        got = self._readers.get(k)
+        if got is not None:
+            return got
+        if self._fork != fork_mark():  # a forked child: the parent's locks may be held, its connections its own
+            self._remotes = Remotes(self.settings)  # type: ignore[attr-defined]
+            self._setup()  # type: ignore[attr-defined]
+        with self._locks[k]:
+            got = self._readers.get(k)
+            if got is None:
+                got = self._readers[k] = self._open(k)
+        return got
 
     def _part(self, k: int, js: Sequence[int]) -> list:
         raise NotImplementedError
