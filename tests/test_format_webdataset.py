@@ -479,3 +479,68 @@ def test_names_split_as_webdatasets_base_plus_ext(names):
         meta = ("/" not in name and name.startswith(meta_prefix) and name.endswith(meta_suffix)) or SKIP_META.match(name)
         want = (None, None) if meta else base_plus_ext(name)
         assert (prefix, None if e < 0 else names_of[e]) == (want[0], None if want[1] is None else want[1].lower())
+
+
+def _grouped_as_webdataset(names):
+    # webdataset's group_by_keys over member names: [(key, [(extension, member)])], or ValueError
+    from webdataset.tariterators import base_plus_ext, meta_prefix, meta_suffix
+
+    from lazyseq.formats.tarindex import SKIP_META
+
+    samples = []
+    for m, name in enumerate(names):
+        if ("/" not in name and name.startswith(meta_prefix) and name.endswith(meta_suffix)) or SKIP_META.match(name):
+            continue
+        prefix, suffix = base_plus_ext(name)
+        if prefix is None:
+            continue
+        if not samples or samples[-1][0] != prefix:
+            samples.append((prefix, []))
+        if suffix.lower() in [e for e, _ in samples[-1][1]]:
+            raise ValueError(name)
+        samples[-1][1].append((suffix.lower(), m))
+    return samples
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.text("ab./_\nXJé", max_size=7), max_size=12))
+def test_members_group_into_webdatasets_samples(names):
+    # the grouping in numpy (plain names) and by the regex (the rest) together give webdataset's samples
+    from lazyseq.formats.tarindex import group
+
+    offs = [512 * (2 * m + 1) for m in range(len(names))]
+    raw = [n.encode() for n in names]
+    bad = any(n.startswith("/") or ".." in n.split("/") for n in names)
+    try:
+        want = _grouped_as_webdataset(names)
+    except ValueError:
+        want = None
+    if bad or want is None:
+        with pytest.raises(lazyseq.StoreError, match="'..'|two members with the extension"):
+            group(offs, [1] * len(names), raw, "h.tar")
+        return
+    ix = group(offs, [1] * len(names), raw, "h.tar")
+    got = [(ix.key(j), [(e, (o // 512 - 1) // 2) for e, o, _ in ix.members(j)]) for j in range(len(ix))]
+    assert got == want
+    firsts = list(dict.fromkeys(e for _, members in want for e, _ in members))
+    assert ix.exts == firsts  # extension ids in order of first appearance
+
+
+def test_header_names_read_as_tarfile_reads_them():
+    # a long path split into ustar's prefix field, and a name field with bytes after its first NUL
+    buf = io.BytesIO()
+    long = "d" * 90 + "/" + "e" * 60 + "/s1.jpg"
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        for name in (long, "s2.cls", "s3.cls"):
+            info = tarfile.TarInfo(name)
+            info.size = 3
+            t.addfile(info, io.BytesIO(b"abc"))
+    data = bytearray(buf.getvalue())
+    data[2048 + 2:2048 + 6] = b"\0xyz"  # the third header's name: "s3" then NUL then junk
+    data[2048 + 148:2048 + 156] = b"%06o\0 " % (sum(data[2048:2048 + 148]) + sum(data[2048 + 156:2048 + 512]) + 256)
+    names = [m.name for m in tarfile.open(fileobj=io.BytesIO(bytes(data))).getmembers()]
+    assert names == [long, "s2.cls", "s3"]
+    h = np.frombuffer(bytes(data), np.uint8)[:3 * 1024].reshape(-1, 512)[::2]
+    assert [n.decode() for n in tarmod._names(h).tolist()] == names
+    ix = tarmod.index_tar(bytes(data), len(data), "p.tar")  # "s3" has no extension: in no sample
+    assert [ix.key(j) for j in range(len(ix))] == [long[:-4], "s2"]

@@ -234,7 +234,7 @@ class _Walk:
 
     def past_end(self, pos: int, n: int, name: bytes | None) -> None:
         if name is None:
-            name = _names(np.frombuffer(bytes(self.buf[pos:pos + BLOCK]), np.uint8).reshape(1, BLOCK))[0]
+            name = _names(np.frombuffer(bytes(self.buf[pos:pos + BLOCK]), np.uint8).reshape(1, BLOCK))[0].item()
         raise StoreError(f"{self.where(pos, name)}: its size ({n} bytes) passes the end of the file "
                          f"({self.size} bytes): the file is truncated or corrupted")
 
@@ -306,7 +306,7 @@ class _Walk:
         missing = [k for k in range(self.members_done, len(self.names)) if self.names[k] is None]
         for a in range(0, len(missing), BATCH):
             ks = missing[a:a + BATCH]
-            for k, name in zip(ks, _names(self.rows([self.offsets[k] - BLOCK for k in ks]))):
+            for k, name in zip(ks, _names(self.rows([self.offsets[k] - BLOCK for k in ks])).tolist()):
                 self.names[k] = name
         self.members_done = len(self.names)
         pending = self.at[:]
@@ -316,7 +316,10 @@ class _Walk:
 
     def check(self, at: list[int]) -> None:
         """Check the checksums and number fields of the headers at ``at``."""
-        h = self.rows(at, done=True)
+        self.check_rows(self.rows(at, done=True), at)
+
+    def check_rows(self, h: np.ndarray, at: Any) -> None:
+        """Check the checksums and number fields of the headers ``h``, found at ``at``."""
         field = h[:, 148:156]
         _checked(h, lambda k, a0, z0: (bytes(h[k, a0:z0]), self.where(at[k])))
         stated = _checksums(field, lambda k: (bytes(h[k, 148:156]), self.where(at[k])))
@@ -332,15 +335,36 @@ class _Walk:
                              "a tar file")
 
 
-def _names(h: np.ndarray) -> list[bytes]:
-    """The names of the ustar headers ``h`` (``(n, 512)``), as tarfile reads them: the name field up
-    to its first NUL, after the prefix field (up to its first NUL) and a slash where it has one."""
-    out = np.ascontiguousarray(h[:, :100]).view("S100").ravel().tolist()  # (trailing NULs dropped)
-    if b"\0" in b"".join(out):  # a byte after the first NUL of a name: the name ends there
-        out = [n.split(b"\0", 1)[0] for n in out]
-    for k in np.flatnonzero(h[:, 345]).tolist():
-        out[k] = bytes(h[k, 345:500]).split(b"\0", 1)[0] + b"/" + out[k]
+def _names(h: np.ndarray) -> np.ndarray:
+    """The names of the ustar headers ``h`` (``(n, 512)``) as tarfile reads them, a bytes array:
+    the name field up to its first NUL, after the prefix field (up to its first NUL) and a slash
+    where it has one."""
+    field = h[:, :100].copy()  # (written below; C order)
+    out = field.view("S100").ravel()  # (trailing NULs dropped)
+    cut = np.flatnonzero(np.char.str_len(out) > np.count_nonzero(field, 1))  # a NUL inside: the name ends there
+    if len(cut):
+        field[cut] *= ~np.logical_or.accumulate(field[cut] == 0, axis=1)
+    prefixed = np.flatnonzero(h[:, 345]).tolist()
+    if prefixed:
+        out = out.astype(object)
+        for k in prefixed:
+            out[k] = bytes(h[k, 345:500]).split(b"\0", 1)[0] + b"/" + out[k]
+        out = out.astype(bytes)
     return out
+
+
+def _found(walk: _Walk, buf: Any, found: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+    """The names of the regular members of the headers :func:`~.tarscan.scan` found, each batch of
+    headers checked as it is read (one copy of a header for both)."""
+    at, regular, walk.sizes = found
+    walk.offsets = at[regular] + BLOCK
+    blocks = np.frombuffer(buf, np.uint8, walk.size // BLOCK * BLOCK).reshape(-1, BLOCK)  # no copy
+    names = []
+    for a in range(0, len(at), BATCH):
+        h = blocks[at[a:a + BATCH] // BLOCK]
+        walk.check_rows(h, at[a:a + BATCH])
+        names.append(_names(h[regular[a:a + BATCH]]))
+    return np.concatenate(names)
 
 
 class _Window:
@@ -385,11 +409,10 @@ def index_tar(buf: Any, size: int, name: str) -> TarIndex:
     walk = _Walk(buf, size, name)
     found = None if isinstance(buf, _Window) else scan(buf, size)  # the common case at once, else the walk
     if found is not None:
-        walk.at, walk.offsets, walk.sizes = found
-        walk.names = [None] * len(walk.offsets)
-    else:
-        if isinstance(buf, _Window):
-            buf.full = walk.verify
-        walk.run()
+        names = _found(walk, buf, found)  # (sets the offsets and sizes)
+        return group(walk.offsets, walk.sizes, names, name)
+    if isinstance(buf, _Window):
+        buf.full = walk.verify
+    walk.run()
     walk.verify()
-    return group(walk.offsets, walk.sizes, walk.names, name)
+    return group(walk.offsets, walk.sizes, np.array(walk.names, "S") if walk.names else np.zeros(0, "S1"), name)

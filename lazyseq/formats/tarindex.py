@@ -4,9 +4,11 @@ tar's headers and :mod:`.tarcache` keeps.
 
 The grouping is webdataset's (``webdataset.tariterators``): ``__*__`` meta names skipped, the key
 the path up to the first dot of the file name (``base_plus_ext``), the rest its lower-cased
-extension, consecutive members of one key one sample. Names are checked first: absolute, with a
-``..`` component, or not UTF-8 is a :class:`~lazyseq.StoreError`, as is a sample with two members
-of one extension (webdataset raises there too).
+extension, consecutive members of one key one sample. It is computed in numpy over the names as
+rows of bytes, without a Python string per member, wherever a file name is plain (a dot after
+its first byte, no newline, not ``__*``, an ASCII extension); the regex splits the rest. Names
+are checked first: absolute, with a ``..`` component, or not UTF-8 is a :class:`~lazyseq.StoreError`,
+as is a sample with two members of one extension (webdataset raises there too).
 
 >>> ix = group([512, 1536, 2560], [2, 1, 1], [b"a/x.jpg", b"a/x.cls", b"y.seg.PNG"], "t.tar")
 >>> len(ix), ix.key(0), ix.members(0), ix.key(1), ix.members(1), ix.span(0)
@@ -16,6 +18,7 @@ of one extension (webdataset raises there too).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 
@@ -92,40 +95,94 @@ def shown_name(name: bytes | str) -> str:
     return text if len(text) <= 160 else text[:160] + "...'"
 
 
-def _check_names(blob: bytes, offs: list[int], raw: list[bytes], name: str) -> None:
-    """Refuse an absolute name or a ``..`` component among ``raw`` (``blob``: them joined by NULs)."""
-    if blob[:1] == b"/" or b"\0/" in blob or (b".." in blob and BAD_NAME.search(blob) is not None):
-        k = next(k for k, n in enumerate(raw) if n.startswith(b"/") or b".." in n.split(b"/"))
-        raise StoreError(f"{name} (a tar file), the member at byte {offs[k] - BLOCK} ({shown_name(raw[k])}): "
-                         "an absolute name or one with '..': a dataset's tar names its members inside it")
+def _check_names(names: np.ndarray, offs: Any, name: str) -> None:
+    """Refuse an absolute name, one with a ``..`` component, or one not UTF-8 among the rows of
+    ``names`` (each name's bytes, then NULs)."""
+    n, width = names.shape
+    padded = np.zeros((n, width + 1), np.uint8)  # a NUL after every name, at least: the regex's separator
+    padded[:, :width] = names
+    blob = padded.tobytes()
 
+    def refuse(k: int, why: str) -> None:
+        raise StoreError(f"{name} (a tar file), the member at byte {offs[k] - BLOCK} "
+                         f"({shown_name(names[k].tobytes().rstrip(bytes(1)))}): {why}")
 
-def group(offs: list[int], lens: list[int], raw: list[bytes], name: str) -> TarIndex:
-    """The members grouped into samples as webdataset's ``group_by_keys`` groups them."""
-    blob = b"\0".join(raw)  # no name holds a NUL (cut there, or refused in a PAX path)
-    _check_names(blob, offs, raw, name)
+    at = [int(k) for k in np.flatnonzero(names[:, 0] == 47)[:1]]  # the first absolute name, the first ".."
+    found = BAD_NAME.search(blob) if b".." in blob else None
+    at += [found.start() // (width + 1)] if found is not None else []
+    if at:
+        refuse(min(at), "an absolute name or one with '..': a dataset's tar names its members inside it")
     try:
-        text = blob.decode("utf-8")
+        blob.decode("utf-8")
     except UnicodeDecodeError as e:
-        k = blob.count(b"\0", 0, e.start)
-        raise StoreError(f"{name} (a tar file), the member at byte {offs[k] - BLOCK} ({shown_name(raw[k])}): "
-                         "its name is not UTF-8") from None
-    names = text.split("\0") if raw else []
-    prefixes, ids, exts = _split(names)
-    pre = np.empty(len(prefixes), object)
-    pre[:] = prefixes
-    ext = np.asarray(ids, np.int32).reshape(-1)
+        refuse(e.start // (width + 1), "its name is not UTF-8")
+
+
+def group(offs: Any, lens: Any, names: Any, name: str) -> TarIndex:
+    """The members grouped into samples as webdataset's ``group_by_keys`` groups them: member ``m``
+    at byte ``offs[m]``, of ``lens[m]`` bytes, named ``names[m]`` (bytes; no NUL in a name: cut
+    there, or refused in a PAX path)."""
+    rows = names if isinstance(names, np.ndarray) else np.array(names, "S")
+    width = max(1, int(np.char.str_len(rows).max(initial=0)))
+    table = np.ascontiguousarray(rows.view(np.uint8).reshape(len(rows), rows.dtype.itemsize)[:, :width])  # NULs after
+    rows = table.view(f"S{width}").ravel()
+    _check_names(table, offs, name)
+    klen, ext, exts = _cut(table, rows)
     kept = np.flatnonzero(ext >= 0)
-    ext = ext[kept]
-    keys_of = pre[kept]
-    change = np.flatnonzero(keys_of[1:] != keys_of[:-1]) + 1 if len(kept) else np.zeros(0, np.int64)
+    ext, klen = ext[kept], klen[kept]
+    keys = table[kept] * (np.arange(width) < klen[:, None])  # each key, NULs after it
+    flat = keys.view(rows.dtype).ravel()
+    change = np.flatnonzero((flat[1:] != flat[:-1]) | (klen[1:] != klen[:-1])) + 1
     starts = np.concatenate([[0], change, [len(kept)]]).astype(np.int64) if len(kept) else np.zeros(1, np.int64)
-    _no_twice(ext, starts, kept, offs, names, exts, name)
-    encoded = [k.encode("utf-8") for k in keys_of[starts[:-1]].tolist()]
-    key_ends = np.zeros(len(encoded) + 1, np.int64)
-    np.cumsum([len(k) for k in encoded], out=key_ends[1:])
+    _no_twice(ext, starts, kept, offs, rows, exts, name)
+    first = starts[:-1]
+    key_ends = np.zeros(len(first) + 1, np.int64)
+    np.cumsum(klen[first], out=key_ends[1:])
+    at = keys[first]
     return TarIndex(np.asarray(offs, np.int64)[kept], np.asarray(lens, np.int64)[kept], ext, starts,
-                    key_ends, b"".join(encoded), list(exts))
+                    key_ends, at[np.arange(width) < klen[first, None]].tobytes(), exts)
+
+
+def _cut(names: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """``(key lengths in bytes, extension ids, extensions)`` of the members whose names are the rows
+    of ``names`` (NULs after each): webdataset's ``base_plus_ext`` with numpy where the file name is
+    plain (a dot after its first byte, no newline, not ``__*``, an ASCII extension); by
+    :func:`_split` (one string at a time) where not. Id -1: in no sample."""
+    n, width = names.shape
+    col = np.arange(width)
+    size = np.count_nonzero(names, 1)
+    slash = names == 47
+    base = np.where(slash.any(1), width - np.argmax(slash[:, ::-1], 1), 0)  # the file name's first byte
+    dot = (names == 46) & (col >= base[:, None])
+    cut = np.argmax(dot, 1)  # the first dot of the file name
+    tail = col > cut[:, None]
+    odd = ((names == 10).any(1) | ((names[:, 0] == 95) & (names[:, 1 % width] == 95))
+           | ((names >= 128) & tail).any(1))
+    plain = dot.any(1) & (cut > base) & ~odd
+    klen, ids = np.where(plain, cut, -1), np.full(n, -1, np.int32)
+    upper = (names >= 65) & (names <= 90)
+    low = np.where(tail & plain[:, None], names + 32 * upper, 0).astype(np.uint8)
+    low[~plain, 0] = 255  # (byte 0 is never in an extension: the others share no row with a plain one)
+    _, first, inverse = np.unique(low.view(f"S{width}").ravel(), return_index=True, return_inverse=True)
+    seen: dict[str, int] = {}  # an extension -> the first member that has it
+    of_row = [low[k, cut[k] + 1:size[k]].tobytes().decode("ascii") if plain[k] else None for k in first.tolist()]
+    for e, k in zip(of_row, first.tolist()):
+        if e is not None:
+            seen[e] = min(seen.get(e, n), k)
+    rest = np.flatnonzero(~plain).tolist()
+    prefixes, rest_ids, rest_exts = _split([n.decode("utf-8") for n in rows[rest].tolist()])
+    by_id = list(rest_exts)
+    for k, prefix, e in zip(rest, prefixes, rest_ids):
+        if e >= 0:
+            seen[by_id[e]] = min(seen.get(by_id[e], n), k)
+            klen[k] = len(prefix.encode("utf-8"))
+    exts = sorted(seen, key=seen.__getitem__)  # ids in order of first appearance, as _split gives them
+    number = {e: j for j, e in enumerate(exts)}
+    fast = np.array([number.get(e, -1) for e in of_row], np.int32)
+    ids[plain] = fast[inverse.reshape(-1)[plain]]
+    if rest:
+        ids[rest] = np.array([number[by_id[e]] if e >= 0 else -1 for e in rest_ids], np.int32)
+    return klen, ids, exts
 
 
 def _split(names: list[str]) -> tuple[list, list[int], dict[str, int]]:
@@ -160,8 +217,8 @@ def _split(names: list[str]) -> tuple[list, list[int], dict[str, int]]:
     return prefixes, ids, exts
 
 
-def _no_twice(ext: np.ndarray, starts: np.ndarray, kept: np.ndarray, offs: list[int], names: list[str],
-              exts: dict[str, int], name: str) -> None:
+def _no_twice(ext: np.ndarray, starts: np.ndarray, kept: np.ndarray, offs: Any, rows: np.ndarray,
+              exts: list[str], name: str) -> None:
     """Refuse a sample with two members of one extension (webdataset raises there too)."""
     if not len(ext):
         return
@@ -171,5 +228,5 @@ def _no_twice(ext: np.ndarray, starts: np.ndarray, kept: np.ndarray, offs: list[
     twice = np.flatnonzero(np.diff(pair[order]) == 0)
     if len(twice):
         m = int(kept[order[twice[0] + 1]])
-        raise StoreError(f"{name} (a tar file), the member at byte {offs[m] - BLOCK} ({shown_name(names[m])}): its sample "
-                         f"holds two members with the extension {shown_name(list(exts)[int(ext[order[twice[0]]])])}")
+        raise StoreError(f"{name} (a tar file), the member at byte {offs[m] - BLOCK} ({shown_name(rows[m].item())}): its sample "
+                         f"holds two members with the extension {shown_name(exts[int(ext[order[twice[0]]])])}")

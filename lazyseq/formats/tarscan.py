@@ -16,8 +16,9 @@ and names are checked by the same code afterwards.
 >>> with tarfile.open(fileobj=buf, mode="w") as t:
 ...     for name in ("a.txt", "b.txt"):
 ...         info = tarfile.TarInfo(name); info.size = 600; t.addfile(info, io.BytesIO(bytes(600)))
->>> scan(buf.getvalue(), len(buf.getvalue()))
-([0, 1536], [512, 2048], [600, 600])
+>>> at, regular, sizes = scan(buf.getvalue(), len(buf.getvalue()))
+>>> at.tolist(), regular.tolist(), sizes.tolist()
+([0, 1536], [True, True], [600, 600])
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ TELLS = (b"path=", b"size=", b"GNU.sparse")  # what makes a PAX header set somet
 BATCH = 8192
 
 
-def scan(buf: Any, size: int) -> tuple[list[int], list[int], list[int]] | None:
-    """``(header offsets, regular members' data offsets, their sizes)`` of the tar file whose bytes
-    are ``buf`` (a memory map or bytes of ``size`` bytes), or None where the walk must read it."""
+def scan(buf: Any, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(header offsets, which headers are regular members', those members' sizes)`` of the tar
+    file whose bytes are ``buf`` (a memory map or bytes of ``size`` bytes), or None where the walk
+    must read it (a member's data follows its header)."""
     nb = size // BLOCK
     if nb == 0:
         return None
@@ -65,7 +67,7 @@ def scan(buf: Any, size: int) -> tuple[list[int], list[int], list[int]] | None:
     if pax[-1] or (pax[1:] & pax[:-1]).any() or not _quiet(blocks, cand[pax], n[pax]):
         return None
     reg = kind == REG
-    return (cand * BLOCK).tolist(), ((cand[reg] + 1) * BLOCK).tolist(), n[reg].tolist()
+    return cand * BLOCK, reg, n[reg]
 
 
 def _quiet(blocks: np.ndarray, at: np.ndarray, n: np.ndarray) -> bool:
