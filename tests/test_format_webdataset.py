@@ -544,3 +544,22 @@ def test_header_names_read_as_tarfile_reads_them():
     assert [n.decode() for n in tarmod._names(h).tolist()] == names
     ix = tarmod.index_tar(bytes(data), len(data), "p.tar")  # "s3" has no extension: in no sample
     assert [ix.key(j) for j in range(len(ix))] == [long[:-4], "s2"]
+
+
+@pytest.mark.parametrize("count", [3, 40])
+def test_many_and_long_extensions_group_as_webdataset_groups_them(count):
+    # past 16 distinct extensions the classes come from a sort; past 8 bytes an extension is no one word
+    from lazyseq.formats.tarindex import group
+
+    rng = np.random.default_rng(count)
+    exts = [f"E{k}.Part" + "x" * int(rng.integers(0, 20)) for k in range(count)]
+    names = []
+    for s in range(200):  # a sample: a cls and one or two of the others, the others' case mixed
+        picked = dict.fromkeys([exts[s % count], exts[int(rng.integers(count))]])
+        names += [f"d/s{s:04d}.cls"] + [f"d/s{s:04d}.{e.upper() if s % 2 else e}" for e in picked]
+    offs = [512 * (2 * m + 1) for m in range(len(names))]
+    ix = group(offs, [1] * len(names), [n.encode() for n in names], "many.tar")
+    want = _grouped_as_webdataset(names)
+    assert [(ix.key(j), [(e, (o // 512 - 1) // 2) for e, o, _ in ix.members(j)]) for j in range(len(ix))] == want
+    assert ix.exts == list(dict.fromkeys(e for _, members in want for e, _ in members))
+    assert len(ix.exts) > (16 if count == 40 else 2)

@@ -297,7 +297,7 @@ class _Walk:
             take = buf.blocks.pop if done else buf.blocks.__getitem__
             return np.frombuffer(b"".join(take(p) for p in at), np.uint8).reshape(-1, BLOCK)
         blocks = np.frombuffer(buf, np.uint8, self.size // BLOCK * BLOCK).reshape(-1, BLOCK)  # no copy
-        return blocks[np.asarray(at, np.int64) // BLOCK]
+        return np.take(blocks, np.asarray(at, np.int64) // BLOCK, axis=0)
 
     def verify(self) -> None:
         """Read the names of the plain members met since the last call, and check the checksums and
@@ -361,7 +361,7 @@ def _found(walk: _Walk, buf: Any, found: tuple[np.ndarray, np.ndarray, np.ndarra
     blocks = np.frombuffer(buf, np.uint8, walk.size // BLOCK * BLOCK).reshape(-1, BLOCK)  # no copy
     names = []
     for a in range(0, len(at), BATCH):
-        h = blocks[at[a:a + BATCH] // BLOCK]
+        h = np.take(blocks, at[a:a + BATCH] // BLOCK, axis=0)  # (twice as fast as blocks[...] here)
         walk.check_rows(h, at[a:a + BATCH])
         names.append(_names(h[regular[a:a + BATCH]]))
     return np.concatenate(names)

@@ -148,27 +148,14 @@ def _cut(names: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, l
     of ``names`` (NULs after each): webdataset's ``base_plus_ext`` with numpy where the file name is
     plain (a dot after its first byte, no newline, not ``__*``, an ASCII extension); by
     :func:`_split` (one string at a time) where not. Id -1: in no sample."""
-    n, width = names.shape
-    col = np.arange(width)
-    size = np.count_nonzero(names, 1)
-    slash = names == 47
-    base = np.where(slash.any(1), width - np.argmax(slash[:, ::-1], 1), 0)  # the file name's first byte
-    dot = (names == 46) & (col >= base[:, None])
-    cut = np.argmax(dot, 1)  # the first dot of the file name
-    tail = col > cut[:, None]
-    odd = ((names == 10).any(1) | ((names[:, 0] == 95) & (names[:, 1 % width] == 95))
-           | ((names >= 128) & tail).any(1))
-    plain = dot.any(1) & (cut > base) & ~odd
+    n = len(names)
+    plain, cut, size = _plain(names)
     klen, ids = np.where(plain, cut, -1), np.full(n, -1, np.int32)
-    upper = (names >= 65) & (names <= 90)
-    low = np.where(tail & plain[:, None], names + 32 * upper, 0).astype(np.uint8)
-    low[~plain, 0] = 255  # (byte 0 is never in an extension: the others share no row with a plain one)
-    _, first, inverse = np.unique(low.view(f"S{width}").ravel(), return_index=True, return_inverse=True)
+    at = np.flatnonzero(plain)
+    first, inverse, of_class = _extensions(names, at, cut[at], size[at])
     seen: dict[str, int] = {}  # an extension -> the first member that has it
-    of_row = [low[k, cut[k] + 1:size[k]].tobytes().decode("ascii") if plain[k] else None for k in first.tolist()]
-    for e, k in zip(of_row, first.tolist()):
-        if e is not None:
-            seen[e] = min(seen.get(e, n), k)
+    for e, k in zip(of_class, at[first].tolist()):
+        seen[e] = min(seen.get(e, n), k)
     rest = np.flatnonzero(~plain).tolist()
     prefixes, rest_ids, rest_exts = _split([n.decode("utf-8") for n in rows[rest].tolist()])
     by_id = list(rest_exts)
@@ -178,11 +165,65 @@ def _cut(names: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, l
             klen[k] = len(prefix.encode("utf-8"))
     exts = sorted(seen, key=seen.__getitem__)  # ids in order of first appearance, as _split gives them
     number = {e: j for j, e in enumerate(exts)}
-    fast = np.array([number.get(e, -1) for e in of_row], np.int32)
-    ids[plain] = fast[inverse.reshape(-1)[plain]]
+    ids[at] = np.array([number[e] for e in of_class], np.int32)[inverse] if len(at) else 0
     if rest:
         ids[rest] = np.array([number[by_id[e]] if e >= 0 else -1 for e in rest_ids], np.int32)
     return klen, ids, exts
+
+
+def _plain(names: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(which names are plain, where each one's file name has its first dot, each one's length)``."""
+    n, width = names.shape
+    col = np.arange(width)
+    size = np.count_nonzero(names, 1)
+    dot = names == 46
+    slash = names == 47
+    if slash.any():
+        base = np.where(slash.any(1), width - np.argmax(slash[:, ::-1], 1), 0)  # the file name's first byte
+        dot &= col >= base[:, None]
+    else:
+        base = np.zeros(n, np.intp)
+    cut = np.argmax(dot, 1)  # the first dot of the file name
+    plain = dot[np.arange(n), cut] & (cut > base) & ~((names[:, 0] == 95) & (names[:, 1 % width] == 95))
+    if (names == 10).any():
+        plain &= ~(names == 10).any(1)
+    high = names >= 128
+    if high.any():
+        plain &= ~(high & (col > cut[:, None])).any(1)
+    return plain, cut, size
+
+
+def _extensions(names: np.ndarray, at: np.ndarray, cut: np.ndarray, size: np.ndarray) -> tuple:
+    """The lower-cased extensions of the plain names ``names[at]`` (first dots at ``cut``, lengths
+    ``size``) as classes: ``(each class's first row in at, each row's class, each class's extension)``."""
+    width, chunk = names.shape[1], 8192
+    length = size - cut - 1
+    span = -(-max(1, int(length.max(initial=0))) // 8) * 8
+    codes = np.zeros((len(at), span), np.uint8)
+    flat, offsets = names.reshape(-1), np.arange(span)
+    for a in range(0, len(at), chunk):  # (a gather's indices are 8 bytes a byte: in chunks)
+        idx = (at[a:a + chunk] * width + cut[a:a + chunk] + 1)[:, None] + offsets
+        got = np.take(flat, idx, mode="clip")
+        got[offsets >= length[a:a + chunk, None]] = 0
+        codes[a:a + chunk] = np.where((got >= 65) & (got <= 90), got | 32, got)
+    keys = codes.view(np.uint64 if span == 8 else f"S{span}").reshape(-1)
+    first, inverse = _classes(keys)
+    return first, inverse, [codes[k, :length[k]].tobytes().decode("ascii") for k in first.tolist()]
+
+
+def _classes(keys: np.ndarray, few: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """``(a first index of each distinct value, each item's class)``: a pass per value while they are
+    few (a shard's extensions are), else a sort."""
+    inverse = np.full(len(keys), -1, np.int64)
+    first: list[int] = []
+    while len(first) < few:
+        k = int(np.argmax(inverse < 0)) if len(keys) else 0
+        if not len(keys) or inverse[k] >= 0:
+            return np.asarray(first, np.int64), inverse
+        inverse[keys == keys[k]] = len(first)
+        first.append(k)
+    _, starts, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return starts, inverse.reshape(-1)
 
 
 def _split(names: list[str]) -> tuple[list, list[int], dict[str, int]]:

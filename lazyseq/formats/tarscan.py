@@ -35,6 +35,7 @@ POWERS = 8 ** np.arange(10, -1, -1, dtype=np.int64)
 REG, DIR, PAX = 48, 53, 120  # the kinds this handles: "0", "5", "x"
 TELLS = (b"path=", b"size=", b"GNU.sparse")  # what makes a PAX header set something read
 BATCH = 8192
+WORDS = np.array([31, 32, 33, 39, 64, 65])  # the header's 4-byte words that hold its size, type and magic
 
 
 def scan(buf: Any, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -46,10 +47,13 @@ def scan(buf: Any, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | Non
         return None
     blocks = np.frombuffer(buf, np.uint8, nb * BLOCK).reshape(nb, BLOCK)  # no copy
     cand = np.flatnonzero(blocks[:, 257] == MAGIC[0])  # one byte per block first: twice as fast as five
-    cand = cand[(blocks[cand, 258:262] == MAGIC[1:]).all(1)]
+    words = np.frombuffer(buf, np.uint32, nb * BLOCK // 4)  # 4-byte words: a gather of few wide items is fast
+    head = np.take(words, cand[:, None] * (BLOCK // 4) + WORDS).view(np.uint8)  # bytes 124-136, 156-160, 256-264
+    real = (head[:, 18:22] == MAGIC[1:]).all(1)
+    cand, head = cand[real], head[real]
     if not len(cand) or cand[0] != 0:
         return None
-    field, kind = blocks[cand, 124:136], blocks[cand, 156]
+    field, kind = head[:, :12], head[:, 12]
     digits = field[:, :11]
     if not (((digits >= 48) & (digits <= 55)).all() and ((field[:, 11] | 32) == 32).all()):
         return None  # a size in another form (base-256, spaces, fewer digits): the walk reads it
