@@ -563,3 +563,21 @@ def test_many_and_long_extensions_group_as_webdataset_groups_them(count):
     assert [(ix.key(j), [(e, (o // 512 - 1) // 2) for e, o, _ in ix.members(j)]) for j in range(len(ix))] == want
     assert ix.exts == list(dict.fromkeys(e for _, members in want for e, _ in members))
     assert len(ix.exts) > (16 if count == 40 else 2)
+
+
+def test_header_batches_in_two_threads_give_the_same_index_and_the_first_bad_header(monkeypatch):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        for j in range(200):
+            info = tarfile.TarInfo(f"s{j // 2:03d}.{'cls' if j % 2 else 'jpg'}")
+            info.size = 5
+            t.addfile(info, io.BytesIO(b"%05d" % j))
+    data = bytearray(buf.getvalue())
+    alone = tarmod.index_tar(bytes(data), len(data), "one.tar")
+    monkeypatch.setattr(tarmod, "BATCH", 16)  # 13 batches: two threads
+    threads = tarmod.index_tar(bytes(data), len(data), "two.tar")
+    assert [(threads.key(j), threads.members(j)) for j in range(100)] == [(alone.key(j), alone.members(j)) for j in range(100)]
+    for j in (150, 70):  # two bad checksums, in batches 9 and 4: the error names the first
+        data[j * 1024 + 148:j * 1024 + 150] = b"77"
+    with pytest.raises(lazyseq.StoreError, match=r"two\.tar \(a tar file\), the member at byte 71680: a bad header checksum"):
+        tarmod.index_tar(bytes(data), len(data), "two.tar")
