@@ -12,6 +12,7 @@ and that nothing new sits in /dev/shm or is mapped from it. Items are small so t
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import mmap
 import multiprocessing
@@ -56,9 +57,20 @@ def _shm_paths(me: psutil.Process) -> Counter[str]:
     return Counter(p for p in paths if p.startswith(("/dev/shm/", "/memfd:")))
 
 
+def _trim() -> None:
+    """Hand the C heap's free memory back to the system (glibc's ``malloc_trim``), so that the RSS
+    counts what is held, not what the allocator keeps after a busy epoch (in a process that holds
+    many libraries and threads, as a pytest-xdist worker does, that varies by megabytes)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # (not glibc: the RSS as it is)
+
+
 def snapshot(me: psutil.Process) -> Snapshot:
     shm, maps = _shm_paths(me), len(me.memory_maps(grouped=False))
     gc.collect()
+    _trim()
     return Snapshot(me.memory_info().rss, sys.getallocatedblocks(), me.num_fds(), me.num_threads(), maps, shm)
 
 
