@@ -92,7 +92,11 @@ def test_round_trip_equals_local(s3, tmp_path):
     assert len(run) == 1  # one run id in every name: new names per save
 
 
-def test_process_workers_upload_their_own_shards(s3, tmp_path):
+def test_process_workers_upload_their_own_shards(s3, tmp_path, monkeypatch):
+    # a temporary folder of this test's own: another pytest-xdist worker's saves use the shared one meanwhile
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     before = set(os.listdir(tempfile.gettempdir()))
     seq = lazyseq.smap(lambda i: {"a": np.full(4, i), "pid": os.getpid()}, range(40))
     store = save(seq, s3, method="process", nworkers=2, shard_bytes=200, fingerprint="v1")
