@@ -25,18 +25,9 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "soak: a leak test whose length --soak sets (the soak_epochs fixture)")
     config.addinivalue_line("markers", "slow: a long run of a property test, skipped unless --slow")
-    config.addinivalue_line("markers", "xdist_group(name): tests that pytest-xdist runs in one worker")
-
-
-# Under pytest-xdist (.ci/run: -n 2 --dist loadgroup) a file's tests stay in one worker (its module
-# fixtures are made once), and the two Ray files share one (two Ray clusters at once on 2 cores time out).
-TOGETHER = {"test_ray.py": "ray", "test_ray_cluster.py": "ray"}
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group(TOGETHER.get(name, name)))
     if config.getoption("--slow"):
         return
     skip = pytest.mark.skip(reason="slow: run with --slow")
