@@ -157,7 +157,7 @@ def write_index_tar(path: str, size: int) -> int:
                 t.addfile(info, io.BytesIO(data))
                 written += 512 + -(-len(data) // 512) * 512
             n += 1
-    with open(path, "rb+") as f:  # written back before it is timed: a shard being flushed costs page waits
+    with open(path, "rb+") as f:  # on disk before it is timed: no write-back runs during the index
         os.fsync(f.fileno())
     return n
 

@@ -299,7 +299,7 @@ class _Walk:
             take = buf.blocks.pop if done else buf.blocks.__getitem__
             return np.frombuffer(b"".join(take(p) for p in at), np.uint8).reshape(-1, BLOCK)
         blocks = np.frombuffer(buf, np.uint8, self.size // BLOCK * BLOCK).reshape(-1, BLOCK)  # no copy
-        return np.take(blocks, np.asarray(at, np.int64) // BLOCK, axis=0)
+        return np.take(blocks, np.asarray(at, np.int64) // BLOCK, axis=0)  # (twice as fast as blocks[...])
 
     def verify(self) -> None:
         """Read the names of the plain members met since the last call, and check the checksums and
@@ -355,16 +355,15 @@ def _names(h: np.ndarray) -> np.ndarray:
     return out
 
 
-def _found(walk: _Walk, buf: Any, found: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+def _found(walk: _Walk, found: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
     """The names of the regular members of the headers :func:`~.tarscan.scan` found, each batch of
     headers checked as it is read (one copy of a header for both), batches in two threads where
     there are several (numpy lets go of the GIL: 1.7x on 2 cores)."""
     at, regular, walk.sizes = found
     walk.offsets = at[regular] + BLOCK
-    blocks = np.frombuffer(buf, np.uint8, walk.size // BLOCK * BLOCK).reshape(-1, BLOCK)  # no copy
 
     def batch(a: int) -> np.ndarray:
-        h = np.take(blocks, at[a:a + BATCH] // BLOCK, axis=0)  # (twice as fast as blocks[...] here)
+        h = walk.rows(at[a:a + BATCH])
         walk.check_rows(h, at[a:a + BATCH])
         mine = regular[a:a + BATCH]
         return _names(h if mine.all() else h[mine])
@@ -418,7 +417,7 @@ def index_tar(buf: Any, size: int, name: str) -> TarIndex:
     walk = _Walk(buf, size, name)
     found = None if isinstance(buf, _Window) else scan(buf, size)  # the common case at once, else the walk
     if found is not None:
-        names = _found(walk, buf, found)  # (sets the offsets and sizes)
+        names = _found(walk, found)  # (sets the offsets and sizes)
         return group(walk.offsets, walk.sizes, names, name)
     if isinstance(buf, _Window):
         buf.full = walk.verify
