@@ -47,7 +47,7 @@ def _segment(loaders: list, steps: int | None, epochs: int) -> tuple[dict[int, l
 
 def _read(loaders: list, steps: int | None, epochs: int) -> tuple[dict[int, list], dict]:
     out: dict[int, list] = {}
-    done = 0
+    done, state = 0, loaders[0].state_dict()
     while steps is None or done < steps:
         epoch = loaders[0]._where()[0]
         if epoch >= epochs:
@@ -63,9 +63,10 @@ def _read(loaders: list, steps: int | None, epochs: int) -> tuple[dict[int, list
             else:  # the global order, strided over the ranks: item j of rank r is r + W j
                 out.setdefault(epoch, []).extend(p[j] for j in range(len(parts[0])) for p in parts)
             done += 1
+        state = loaders[0].state_dict()  # while the iteration is live: after it, the next epoch starts
         for it in its:
             it.close()
-    return out, loaders[0].state_dict()
+    return out, state
 
 
 def check_chained(make: Callable[[], Any], cuts: list[int], settings: list[dict], epochs: int = 2,

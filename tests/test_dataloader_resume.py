@@ -16,15 +16,22 @@ def loaders(n, world_size, **kw):
             for r in range(world_size)]
 
 
+class Read(list):
+    """The items read, and ``state``: rank 0's state_dict while its iteration was live (after it,
+    the loader stands at the next epoch: PyTorch's rule for an iteration left early)."""
+    state: dict
+
+
 def run(ranks, steps=None):
     """Every rank reads ``steps`` batches in lockstep (all of the epoch if None): the items read."""
     its = [iter(loader) for loader in ranks]
-    read = []
+    read = Read()
     for _ in itertools.count() if steps is None else range(steps):
         got = [next(it, None) for it in its]
         if all(b is None for b in got):
             break
         read += [int(x) for b in got if b is not None for x in b]
+    read.state = ranks[0].state_dict()
     for it in its:
         it.close()
     return read
@@ -51,7 +58,7 @@ def resume_case(n, bs, before, after, steps, shuffle, drop_last, seed=3, epoch=0
         for loader in first:
             loader.set_epoch(epoch)
         read_before = run(first, steps)
-        state = first[0].state_dict()  # rank 0's: it has at least as many batches as any rank
+        state = read_before.state  # rank 0's: it has at least as many batches as any rank
         second = loaders(n, after, seed=None, **kw)  # no seed given: the state brings the saved one
     for loader in second:
         loader.load_state_dict(state)
@@ -107,8 +114,7 @@ def test_resumed_ranks_take_strided_parts_of_the_rest_and_the_next_epoch_is_whol
     n, bs = 20, 2
     order = global_order(n, 5, 0, True)
     first = loaders(n, 2, batch_size=bs, shuffle=True, seed=5)
-    run(first, 2)  # 2 ranks x 2 batches x 2 items: 8 items
-    state = first[0].state_dict()
+    state = run(first, 2).state  # 2 ranks x 2 batches x 2 items: 8 items
     assert {k: state[k] for k in ("epoch", "position", "seed", "rank", "world_size")} == \
         {"epoch": 0, "position": 8, "seed": 5, "rank": 0, "world_size": 2}
     assert state["fingerprint"] == ls.fingerprint(list(range(n))) and state["seed_given"]
@@ -130,9 +136,10 @@ def test_resume_twice_through_three_world_sizes():
     seen = run(a, 3)
     b = loaders(n, 3, batch_size=bs, shuffle=True, seed=1)
     for loader in b:
-        loader.load_state_dict(a[0].state_dict())
-    seen += run(b, 2)
-    state = b[0].state_dict()
+        loader.load_state_dict(seen.state)
+    part = run(b, 2)
+    seen += part
+    state = part.state
     assert state["position"] == 12 + 12
     c = loaders(n, 1, batch_size=bs, shuffle=True, seed=1)
     c[0].load_state_dict(state)
@@ -146,7 +153,7 @@ def test_resume_with_another_batch_size():
     before = run(first, 3)
     resumed = loaders(n, 2, batch_size=5, shuffle=True, seed=2)
     for loader in resumed:
-        loader.load_state_dict(first[0].state_dict())
+        loader.load_state_dict(before.state)
     after = run(resumed)
     assert len(before) == 12 and sorted(before + after) == list(range(n))
 
@@ -156,7 +163,7 @@ def test_resume_with_a_batch_sampler_counts_its_lists(before, after):
     lists = [[i, i + 1] for i in range(0, 24, 2)]  # 12 batches of the batch_sampler: the global order
     first = loaders(24, before, batch_sampler=lists)
     got = run(first, 2)
-    state = first[0].state_dict()
+    state = got.state
     assert state["position"] == before * 2
     second = loaders(24, after, batch_sampler=lists)
     for loader in second:
@@ -197,8 +204,7 @@ def test_a_state_past_the_epoch_is_refused():
 def test_persistent_workers_resume_with_another_world_size_then_keep_their_processes(workers):
     n, bs = 40, 4
     first = loaders(n, 2, batch_size=bs, shuffle=True, seed=6)
-    run(first, 2)
-    state = first[0].state_dict()
+    state = run(first, 2).state
     ref = loaders(n, 3, batch_size=bs, shuffle=True, seed=6)
     for loader in ref:
         loader.load_state_dict(state)

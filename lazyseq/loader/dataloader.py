@@ -11,12 +11,11 @@ import math
 import operator
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ..core.base import View
 from ..core.node import check_source, length, read_many
-from ..errors import WorkerCrashed
 from ..evaluation import Prefetch, prefetch
 from ..helpers import ALIGN, PAGE
 from ..views.epochs import at_epoch
@@ -24,12 +23,17 @@ from ..views.mapping import smap
 from ..views.order import shard
 from .batching import buffer_bytes, default_collate
 from .checks import method_checks, order_checks, seed_from, torch_checks
+from .iteration import LoaderIter, read_epoch
 from .plan import Epochs, Plan, ToTensor
 from .seeding import SeedEachItem, WorkerInit
-from .state import check_resume, recorded
-from .words import LoaderWords, Replaced, crashed, epoch_counters
+from .state import check_resume, delivered, recorded
+from .words import LoaderWords, Replaced, epoch_counters
 
 __all__ = ["DataLoader", "default_collate"]
+
+
+def _same(x: Any) -> Any:
+    return x
 
 
 class DataLoader:
@@ -70,7 +74,7 @@ class DataLoader:
                  collate_fn: Callable | None = None, pin_memory: bool = False, drop_last: bool = False,
                  timeout: float = 0, worker_init_fn: Callable | None = None, multiprocessing_context: Any = None,
                  generator: Any = None, prefetch_factor: int | None = None, persistent_workers: bool = False, *,
-                 method: str = "process", shm_size: int | None = None, seed: int | None = None,
+                 in_order: bool = True, method: str = "process", shm_size: int | None = None, seed: int | None = None,
                  seed_each_item: bool = False, rank: int = 0, world_size: int = 1, device: str | None = None,
                  to_tensor: bool = True):
         batch_size, shuffle, drop_last, prefetch_factor, multiprocessing_context = torch_checks(
@@ -92,6 +96,7 @@ class DataLoader:
         self.timeout, self.worker_init_fn, self.multiprocessing_context = timeout, worker_init_fn, multiprocessing_context
         self.generator, self.prefetch_factor, self.persistent_workers = generator, prefetch_factor, persistent_workers
         self.method, self.shm_size, self.seed_each_item = method, shm_size, bool(seed_each_item)
+        self.in_order = bool(in_order)
         self.rank, self.world_size, self.device, self.to_tensor = rank, world_size, device, to_tensor
         order_checks(dataset, shuffle)
         self.seed = seed_from(seed, generator)
@@ -105,6 +110,8 @@ class DataLoader:
         # where the next iteration starts: the epoch, the item of its global order that this part of
         # it starts at (not 0 after resuming with another world_size), the batches read in the part
         self.epoch, self._start, self._batch = 0, 0, 0
+        self._skip: set[int] = set()  # in_order=False: the batches past _batch delivered already
+        self._live: weakref.ref[LoaderIter] | None = None  # the latest iteration (live until it ends)
         self._persistent: Prefetch | None = None
         self._epochs: Epochs | None = None  # what the persistent workers read
         self._open: weakref.WeakSet[Prefetch] = weakref.WeakSet()  # dropped sequences stop their workers
@@ -217,13 +224,18 @@ class DataLoader:
             self._open.add(seq)  # closed by loader.close() (or leaving its with block), or when dropped
         return self._tensors(seq)
 
-    def _tensors(self, seq: View) -> View:
-        """The last stage: batches as tinygrad Tensors on ``device`` (unless ``to_tensor=False``)."""
+    def _convert(self) -> Callable[[Any], Any]:
+        """What the last stage does to a batch: tinygrad Tensors on ``device`` (or nothing)."""
         if not self.to_tensor:
-            return seq
+            return _same
         from .tensor import to_tensor  # tinygrad is imported only by a loader that makes Tensors
 
-        return smap(ToTensor(to_tensor, self.device), seq)
+        return ToTensor(to_tensor, self.device)
+
+    def _tensors(self, seq: View) -> View:
+        """The last stage: batches as tinygrad Tensors on ``device`` (unless ``to_tensor=False``)."""
+        convert = self._convert()
+        return seq if convert is _same else smap(convert, seq)
 
     # -- iteration -------------------------------------------------------------------------------
     def _where(self) -> tuple[int, int, int]:
@@ -232,46 +244,22 @@ class DataLoader:
             return self.epoch + 1, 0, 0
         return self.epoch, self._start, self._batch
 
-    def __iter__(self) -> Iterator:
+    def __iter__(self) -> LoaderIter:
+        """One epoch's batches from where the loader stands, by PyTorch's rules (:mod:`.iteration`):
+        a newer ``iter`` ends a live one, and one left early makes the next ``iter`` the next epoch."""
+        self._end_live("a newer iteration of this DataLoader started (iter(loader) was called again)")
         epoch, start, first = self._where()
         self.epoch, self._start, self._batch = epoch, start, first
-        order = None
-        if self._custom_order():
-            order = [list(b) for b in self.batch_sampler] if self.batch_sampler is not None else list(self.sampler)
-        plan = self._plan()
-        batches = plan(epoch, order, start)
-        nb = len(batches)
-        own: Prefetch | None = None  # this iteration's workers, stopped when it ends
-        if self.num_workers == 0:
-            seq: View = batches
-        elif self.persistent_workers and not self._custom_order():
-            seq = self._persistent_part(plan, epoch, start, nb)
-        else:
-            if self.persistent_workers:
-                self._warn_custom_order()
-            seq = own = self._prefetch(batches, epoch)
-            self._open.add(own)
-        seq = self._tensors(seq)
-        live = own if own is not None else self._persistent if self.num_workers else None
-        root = batches if self.num_workers == 0 or own is not None else self._epochs  # where on_error views count
-        before, finished = self._counters(live, root), False
-        try:
-            for b in range(first, nb):
-                item = seq[b]
-                self._batch = b + 1
-                yield item
-                del item
-            self.epoch, self._start, self._batch, finished = epoch + 1, 0, 0, True
-        except WorkerCrashed as e:
-            if live is None or live._error is not e:  # not this loader's workers (a prefetch in the dataset)
-                raise
-            where = (lambda i: (epoch, i)) if own is not None else self._epochs._where
-            raise crashed(e, where, epoch, self._batch) from None
-        finally:
-            self._epoch_ended(epoch, (nb if finished else self._batch) - first, finished, live, root, before)
-            if own is not None and own in self._open:
-                self._open.discard(own)
-                own.close()
+        it = LoaderIter(read_epoch(self, epoch, start, first, self._skip), epoch, self._batches(start) - first
+                        - len(self._skip))
+        self._live = weakref.ref(it)
+        return it
+
+    def _end_live(self, why: str) -> None:
+        it = self._live() if self._live is not None else None
+        if it is not None:
+            it.end(why)
+        self._live = None
 
     def _counters(self, live: Prefetch | None, root: Any) -> tuple[dict | None, int | dict | None]:
         """The prefetch's counters now, and the items on_error views replaced so far (None: not
@@ -299,9 +287,9 @@ class DataLoader:
             last["skipped"] = replaced - (before[1] or 0)
         self._last = last
 
-    def _persistent_part(self, plan: Plan, epoch: int, start: int, nb: int) -> View:
-        """The ``nb`` batches of ``epoch`` from item ``start`` on, read by the persistent workers
-        (started afresh after a crash, Ctrl-C, or a jump back to an earlier epoch)."""
+    def _persistent_part(self, plan: Plan, epoch: int, start: int, nb: int) -> tuple[Prefetch, int]:
+        """Where the ``nb`` batches of ``epoch`` from item ``start`` on begin in the persistent
+        workers' prefetch (started afresh after a crash, Ctrl-C, or a jump back to an earlier epoch)."""
         p, off = self._persistent, None
         if p is not None and not p.closed:
             off = self._epochs.offset(epoch, start)
@@ -310,7 +298,7 @@ class DataLoader:
                 p.close()
             self._epochs = Epochs(plan, epoch, start, nb)
             self._persistent, off = self._prefetch(self._epochs, epoch), 0
-        return self._persistent[off : off + nb]
+        return self._persistent, off
 
     def _warn_custom_order(self) -> None:
         if not self._warned:
@@ -320,17 +308,24 @@ class DataLoader:
                           stacklevel=3)
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration epoch ``epoch`` (from its first batch)."""
+        """Make the next iteration epoch ``epoch`` (from its first batch); a live one ends."""
+        self._end_live("set_epoch() was called")
         self.epoch, self._start, self._batch = int(epoch), 0, 0
+        self._skip.clear()
 
     def state_dict(self) -> dict:
         """Where the loader stands: the epoch of the next batch, and ``position``, the items of that
         epoch's global order that all ranks together have consumed (every rank having read as many
-        batches as this one), with the seed that fixes every order."""
+        batches as this one), with the seed that fixes every order. Taken while an iteration is
+        live, it is exactly where that iteration is; with ``in_order=False``, ``delivered`` lists
+        the batches after ``position`` already delivered (of this rank's part from there)."""
         epoch, start, b = self._where()
         position = min(self._units(epoch), start + self.world_size * b * (self.batch_size or 1))
-        return {"epoch": epoch, "position": position, "seed": self.seed, "rank": self.rank,
-                "world_size": self.world_size, **recorded(self)}
+        out = {"epoch": epoch, "position": position, "seed": self.seed, "rank": self.rank,
+               "world_size": self.world_size, **recorded(self)}
+        if self._skip and (epoch, start) == (self.epoch, self._start):
+            out.update(delivered=sorted(k - b for k in self._skip), batch_size=self.batch_size)
+        return out
 
     def load_state_dict(self, state: Mapping, strict: bool = True) -> None:
         """Resume where ``state`` was saved: the next iteration delivers this rank's part of what
@@ -340,6 +335,7 @@ class DataLoader:
         The state holds the dataset's :func:`lazyseq.fingerprint`: a state saved with another
         pipeline raises :class:`lazyseq.ResumeMismatch` naming what changed (``strict=False``:
         a warning, and the resume goes on)."""
+        self._end_live("load_state_dict() was called")
         check_resume(self, state, strict)
         epoch, seed = int(state["epoch"]), int(state["seed"])
         if "position" in state:
@@ -351,6 +347,7 @@ class DataLoader:
             raise ValueError(f"DataLoader.load_state_dict: the state is at item {position} of epoch {epoch}, but "
                              f"an epoch of this loader has {n} items: was it saved with another dataset?")
         self.epoch, self._start, self._batch, self.seed = epoch, position, 0, seed
+        self._skip = delivered(self, state, strict)
         if self._persistent is not None:  # its workers hold the old seed
             self._persistent.close()
             self._persistent = None

@@ -15,7 +15,7 @@ import numpy as np
 from ..core.fingerprints import NotResumable, _digest, difference, fingerprint
 from ..errors import ResumeMismatch
 
-__all__ = ["recorded", "check_resume"]
+__all__ = ["check_resume", "delivered", "recorded"]
 
 
 def _sampler(name: str, sampler: Any) -> Any:
@@ -93,3 +93,24 @@ def check_resume(loader: Any, state: Mapping, strict: bool) -> None:
     if strict:
         raise ResumeMismatch(message, why)
     warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def delivered(loader: Any, state: Mapping, strict: bool) -> set[int]:
+    """The batches after the state's position that an ``in_order=False`` iteration had delivered
+    already (not delivered again): they are batches of this rank's part, so they are told apart
+    only with the ``world_size`` and ``batch_size`` they were saved with."""
+    done = state.get("delivered") or []
+    if not done:
+        return set()
+    saved = int(state.get("world_size", 1)), state.get("batch_size")
+    if saved == (loader.world_size, loader.batch_size):
+        return {int(k) for k in done}
+    message = (f"DataLoader.load_state_dict: the state lists {len(done)} batches delivered out of order past its "
+               f"position with world_size={saved[0]}, batch_size={saved[1]}; this loader has "
+               f"world_size={loader.world_size}, batch_size={loader.batch_size}, so which items they held cannot be "
+               "told apart. Resume with the settings it was saved with, or pass strict=False to read those "
+               "batches' items again")
+    if strict:
+        raise ValueError(message)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    return set()
