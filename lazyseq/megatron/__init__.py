@@ -6,6 +6,9 @@ fixed-length GPT samples and blends of tinygrad's MLPerf loader, as random-acces
 - :func:`gpt`: fixed-length samples spanning documents, those of tinygrad's ``GPTDataset``;
 - :func:`blend`: the samples of several corpora mixed by weight, those of ``BlendedGPTDataset``.
 
+``gpt(..., output='megatron')`` gives megatron-core's ``GPTDataset`` items (tokens, labels,
+masks, position ids) in numpy.
+
 ``from lazyseq import megatron`` (or ``import lazyseq.megatron``) reaches it; docs/megatron.md
 is the guide.
 """

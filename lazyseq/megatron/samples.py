@@ -27,7 +27,7 @@ import numpy as np
 from ..core.base import View
 from ..errors import StoreError
 from ..files import redact
-from . import cache
+from . import cache, gptitem
 from .idx import Indexed, indexed
 
 __all__ = ["GPT", "gpt", "epochs", "plan", "build", "boundaries", "check_int"]
@@ -131,7 +131,12 @@ class GPT(View):
     checks_keys = False
 
     def __init__(self, docs: Any, num_samples: int, seq_length: int, *, seed: int = 0, shuffle: bool = True,
-                 cache: bool = True, cache_dir: str | os.PathLike | None = None, **remote: Any):
+                 cache: bool = True, cache_dir: str | os.PathLike | None = None, output: str = "tokens",
+                 eod_token: int | None = None, eod_mask_loss: bool = False, reset_position_ids: bool = False,
+                 reset_attention_mask: bool = False, create_attention_mask: bool = False, **remote: Any):
+        self._opts = gptitem.options("lazyseq.megatron.gpt", output, eod_token, eod_mask_loss=eod_mask_loss,
+                                     reset_position_ids=reset_position_ids, reset_attention_mask=reset_attention_mask,
+                                     create_attention_mask=create_attention_mask)
         self.docs = opened(docs, remote, "lazyseq.megatron.gpt")
         self.num_samples = check_int(num_samples, "lazyseq.megatron.gpt: num_samples", 0)
         self.seq_length = check_int(seq_length, "lazyseq.megatron.gpt: seq_length", 1)
@@ -142,7 +147,16 @@ class GPT(View):
 
     def __reduce__(self):  # the index goes with the view, built once, here
         return (_restore, (self.docs, self.num_samples, self.seq_length, self.seed, self.shuffle, self.cache,
-                           self.cache_dir, self.index()))
+                           self.cache_dir, self.index(), self._opts))
+
+    @property
+    def output(self) -> str:
+        """``'tokens'`` (windows of ``seq_length + 1`` tokens) or ``'megatron'`` (megatron-core's items)."""
+        return "megatron" if self._opts else "tokens"
+
+    def fingerprint_extra(self) -> dict:
+        """The item options (none for ``output='tokens'``: its fingerprint is the one it always had)."""
+        return {"output": "megatron", **self._opts} if self._opts else {}
 
     def index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(doc_idx, sample_idx, shuffle_idx)``, as tinygrad's ``GPTDataset`` has them (built, or
@@ -172,7 +186,15 @@ class GPT(View):
     def _len(self) -> int:
         return self.num_samples
 
-    def _get(self, i: int) -> np.ndarray:
+    def _get(self, i: int) -> Any:
+        window = self._window(i)
+        return gptitem.item(window, **self._opts) if self._opts else window
+
+    def _get_many(self, idx: Any) -> list:
+        windows = [self._window(i) for i in idx]
+        return gptitem.item_list(windows, **self._opts) if self._opts else windows
+
+    def _window(self, i: int) -> np.ndarray:
         doc_idx, sample_idx, shuffle_idx = self.index()
         j = int(shuffle_idx[i])
         (d0, o0), (d1, o1) = sample_idx[j].tolist(), sample_idx[j + 1].tolist()
@@ -188,8 +210,10 @@ class GPT(View):
         return (self.docs,)
 
     def describe(self) -> str:
+        opts = "".join(f", {k}={v!r}" for k, v in self._opts.items() if v not in (None, False))
+        more = f", output='megatron'{opts}" if self._opts else ""
         return (f"megatron.gpt(num_samples={self.num_samples}, seq_length={self.seq_length}, seed={self.seed}, "
-                f"shuffle={self.shuffle})")
+                f"shuffle={self.shuffle}{more})")
 
 
 DEFAULTS = {"storage_options": None, "block_cache": 64 * 2**20, "timeout": 30.0}  # indexed()'s, passed through
@@ -210,14 +234,17 @@ def opened(docs: Any, remote: dict, who: str) -> Indexed:
     return indexed(docs, **remote)
 
 
-def _restore(docs, num_samples, seq_length, seed, shuffle, use_cache, cache_dir, index) -> GPT:
-    v = GPT(docs, num_samples, seq_length, seed=seed, shuffle=shuffle, cache=use_cache, cache_dir=cache_dir)
+def _restore(docs, num_samples, seq_length, seed, shuffle, use_cache, cache_dir, index, opts=None) -> GPT:
+    more = {"output": "megatron", **opts} if opts else {}
+    v = GPT(docs, num_samples, seq_length, seed=seed, shuffle=shuffle, cache=use_cache, cache_dir=cache_dir, **more)
     v._index = index
     return v
 
 
 def gpt(docs: Any, num_samples: int, seq_length: int, *, seed: int = 0, shuffle: bool = True, cache: bool = True,
-        cache_dir: str | os.PathLike | None = None, storage_options: dict | None = None,
+        cache_dir: str | os.PathLike | None = None, output: str = "tokens", eod_token: int | None = None,
+        eod_mask_loss: bool = False, reset_position_ids: bool = False, reset_attention_mask: bool = False,
+        create_attention_mask: bool = False, storage_options: dict | None = None,
         block_cache: int = 64 * 2**20, timeout: float = 30.0) -> GPT:
     """``num_samples`` samples of ``seq_length + 1`` tokens cut from the documents ``docs`` (an
     :func:`indexed` view, or a prefix), item for item those of tinygrad's MLPerf ``GPTDataset``.
@@ -229,6 +256,18 @@ def gpt(docs: Any, num_samples: int, seq_length: int, *, seed: int = 0, shuffle:
     When the epochs hold exactly ``num_samples * seq_length`` tokens, the last sample (before the
     sample shuffle) is one token short, as in tinygrad. ``shuffle=False`` keeps both orders.
     Items are new (writable) arrays of the documents' dtype.
+
+    ``output='megatron'`` gives megatron-core's ``GPTDataset`` item of each window instead, as
+    numpy (no torch): a dict of ``tokens`` (the window's first ``seq_length`` tokens) and
+    ``labels`` (its last ``seq_length``), int64; ``loss_mask``, float32; ``position_ids``, int64;
+    and with ``create_attention_mask=True`` an ``attention_mask``, bool of shape ``[1, seq_length,
+    seq_length]``, **True where attention is masked** (megatron's convention). Megatron-core's
+    options: ``eod_mask_loss`` (loss 0 where the input token is ``eod_token``),
+    ``reset_position_ids`` (positions counted from each document's start) and
+    ``reset_attention_mask`` (attention within a document; without ``create_attention_mask`` it
+    changes nothing, as in megatron-core) each need ``eod_token``. The values equal ``_get_ltor_masks_and_position_ids``'s
+    for the same window (see :mod:`lazyseq.megatron.gptitem`; a tokenizer's pad token, which
+    megatron-core also masks, is not taken). The options enter the view's fingerprint.
 
     Building the view reads nothing: the index is built at the first read, with vectorised numpy,
     and cached beside the data (else under ``cache_dir``, default ``$XDG_CACHE_HOME/lazyseq`` or
@@ -251,6 +290,11 @@ def gpt(docs: Any, num_samples: int, seq_length: int, *, seed: int = 0, shuffle:
     >>> samples = megatron.gpt(prefix, num_samples=3, seq_length=4, shuffle=False)
     >>> [s.tolist() for s in samples]
     [[0, 1, 2, 3, 4], [4, 5, 6, 7, 8], [8, 9, 100, 101, 102]]
+    >>> item = megatron.gpt(prefix, 3, 4, shuffle=False, output='megatron', eod_token=9, reset_position_ids=True)[2]
+    >>> item['tokens'], item['labels'], item['position_ids']
+    (array([  8,   9, 100, 101]), array([  9, 100, 101, 102]), array([0, 1, 0, 1]))
     """
     return GPT(docs, num_samples, seq_length, seed=seed, shuffle=shuffle, cache=cache, cache_dir=cache_dir,
+               output=output, eod_token=eod_token, eod_mask_loss=eod_mask_loss, reset_position_ids=reset_position_ids,
+               reset_attention_mask=reset_attention_mask, create_attention_mask=create_attention_mask,
                storage_options=storage_options, block_cache=block_cache, timeout=timeout)
