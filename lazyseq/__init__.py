@@ -10,6 +10,7 @@ from .core.fingerprints import fingerprint
 from .core.moved import alias_earlier_names
 from .core.moved import earlier_module as __getattr__  # noqa: F401 - lazyseq.base after import lazyseq.base
 from .core.serialization import SerializableFunc
+from .core.workerinfo import worker_info
 from .errors import (
     EvaluationError,
     PrefetchClosed,
@@ -33,6 +34,8 @@ from .formats.webdataset import webdataset
 from .loader.batching import pad_collate, varlen_collate
 from .loader.dataloader import DataLoader, default_collate
 from .loader.tensor import to_tensor
+from .loader.tojax import to_jax
+from .loader.totorch import to_torch
 from .store import Store, load, save
 from .views.bucketing import bucket
 from .views.caching import add_cache
@@ -52,7 +55,7 @@ alias_earlier_names()  # pickles and fingerprints written before the layout by l
 __version__ = "0.1.0"
 
 __all__ = [
-    "DataLoader", "default_collate", "to_tensor",
+    "DataLoader", "default_collate", "to_tensor", "to_torch", "to_jax", "worker_info",
     "Store", "StoreError", "RemoteReadError", "RemoteWriteError", "load", "save", "fingerprint", "ResumeMismatch",
     "EvaluationError", "Pad", "PrefetchClosed", "PrefetchTimeout", "View", "WorkerCrashed",
     "WorkerStartError", "add_cache", "arange", "batch", "case", "collate", "concatenate", "cycle", "empty",

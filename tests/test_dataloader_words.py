@@ -221,7 +221,7 @@ def test_a_loader_of_tensors_without_tinygrad_is_refused_when_built(monkeypatch)
     with pytest.raises(ImportError) as info:
         lazyseq.DataLoader(list(range(8)), batch_size=4)
     assert str(info.value) == ("DataLoader(to_tensor=True), the default, makes tinygrad Tensors, and tinygrad is not "
-                               "installed: pip install 'lazyseq[tinygrad]', or pass to_tensor=False for numpy batches")
+                               "installed: pip install 'lazyseq[tinygrad]', or pass to_tensor='torch', 'jax' or False (numpy)")
     assert [b.tolist() for b in lazyseq.DataLoader(list(range(8)), batch_size=4, to_tensor=False)] == [[0, 1, 2, 3],
                                                                                                         [4, 5, 6, 7]]
 

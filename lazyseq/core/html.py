@@ -324,8 +324,9 @@ def _settings(loader: Any) -> list[str]:
         value = g(name)
         if value is not None and value is not default and value != default:
             out.append(f"{name}={_fname(value)}")
-    if g("world_size", 1) != 1:
-        out.append(f"rank={g('rank')!r}, world_size={g('world_size')!r}")
+    if g("world_size", 1) != 1 or g("ranks_from", "given") not in ("given", "the default"):
+        where = g("ranks_from", "given")
+        out.append(f"rank={g('rank')!r}, world_size={g('world_size')!r}" + ("" if where == "given" else f" (from {where})"))
     out.append(f"to_tensor={g('to_tensor')!r}")
     if g("to_tensor") and g("device") is not None:
         out.append(f"device={g('device')!r}")

@@ -94,11 +94,11 @@ class Evaluator:
     ``job`` run on the actor's main thread, one at a time and in order; ``progress`` and ``skip``
     on its ``watch`` thread, while a job runs."""
 
-    def __init__(self, index: int, seq: bytes, start_hook: bytes):
+    def __init__(self, index: int, seq: bytes):
         self.lock, self.skipped, self.running = threading.Lock(), set(), None
         self.seq, self.failed = None, None
         try:
-            self.seq, hook = cloudpickle.loads(seq), cloudpickle.loads(start_hook)
+            self.seq, hook = cloudpickle.loads(seq)
             if hook is not None:
                 hook(index)
         except BaseException as e:  # said by ready(): a clear WorkerStartError in the reader
@@ -176,12 +176,11 @@ class RayBackend:
         self.stats, self.stopping = stats, False
         options: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": "SPREAD", **(settings.ray_options or {})}
         try:
-            seq_ref = ray.put(cloudpickle.dumps(seq))
-            hook = cloudpickle.dumps(settings.start_hook)
+            seq_ref = ray.put(cloudpickle.dumps((seq, settings.start_hook)))  # one pickle: see processes.py
         except Exception as e:
             raise TypeError(f"prefetch: the sequence cannot be pickled to start Ray actors ({e}); make it picklable") from e
         actor_class = _remote_class(ray).options(**options)
-        self.actors = [actor_class.remote(k, seq_ref, hook) for k in range(settings.nworkers)]
+        self.actors = [actor_class.remote(k, seq_ref) for k in range(settings.nworkers)]
         self.where_is: list[tuple | None] = [None] * len(self.actors)  # (node, host, pid) once ready
         self.waiting: dict[Any, tuple[str, int]] = {a.ready.remote(): ("ready", k) for k, a in enumerate(self.actors)}
         self.load = [0] * len(self.actors)

@@ -190,7 +190,8 @@ class ProcessBackend:
         parent_fd(pool.fd)
         if not fork:
             try:
-                seq, hook, report = cloudpickle.dumps(seq), cloudpickle.dumps(hook), cloudpickle.dumps(report)
+                # one pickle: objects the hook shares with the sequence stay one object (worker_info's dataset)
+                seq, hook, report = cloudpickle.dumps((seq, hook, report)), None, None
             except Exception as e:
                 raise TypeError(f"prefetch: the sequence cannot be pickled to start {self.method!r} workers "
                                 f"({e}); use mp_context='fork' or make it picklable") from e

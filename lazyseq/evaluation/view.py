@@ -11,6 +11,7 @@ from typing import Any
 
 from ..core.base import View
 from ..core.node import Exhausted, check_source, fork_unsafe, is_finite, length
+from ..core.workerinfo import WorkerStart
 from ..errors import EvaluationError, PrefetchClosed, PrefetchTimeout, passthrough, wrap_error
 from ..helpers import usable_cores
 from . import wire
@@ -111,7 +112,8 @@ class Prefetch(View):
             return
         cls = BACKENDS[self.method]
         stats = {**Window.COUNTERS, **cls.COUNTERS}
-        settings = Settings(self.nworkers, self.start_hook, self.max_buffered, self.shm_size, self.mp_context,
+        start = WorkerStart(self.start_hook, self.nworkers, self.src)  # worker_info(), then the hook
+        settings = Settings(self.nworkers, start, self.max_buffered, self.shm_size, self.mp_context,
                             self.ray_options, self.address, self.words, self.report)
         try:
             backend = cls(self.src, settings, stats)

@@ -67,7 +67,7 @@ def worker_main(index: int, conn: connection.Connection, seq: Any, start_hook: A
     _settle(close_fds)
     try:
         if pickled:
-            seq, start_hook, report = cloudpickle.loads(seq), cloudpickle.loads(start_hook), cloudpickle.loads(report)
+            seq, start_hook, report = cloudpickle.loads(seq)  # sent as one pickle (see processes.py)
         memory = slots.map_segment(shm, SlotPool.HEADER + slot_size * nslots)
         os.close(shm)
         if start_hook is not None:

@@ -23,8 +23,10 @@ from ..views.mapping import smap
 from ..views.order import shard
 from .batching import buffer_bytes, default_collate
 from .checks import method_checks, order_checks, seed_from, torch_checks
+from .consumers import Consumer
 from .iteration import LoaderIter, read_epoch
-from .plan import Epochs, Plan, ToTensor
+from .plan import Epochs, Plan
+from .ranks import ranks
 from .seeding import SeedEachItem, WorkerInit
 from .state import check_resume, delivered, recorded
 from .words import LoaderWords, Replaced, epoch_counters
@@ -75,19 +77,14 @@ class DataLoader:
                  timeout: float = 0, worker_init_fn: Callable | None = None, multiprocessing_context: Any = None,
                  generator: Any = None, prefetch_factor: int | None = None, persistent_workers: bool = False, *,
                  in_order: bool = True, method: str = "process", shm_size: int | None = None, seed: int | None = None,
-                 seed_each_item: bool = False, rank: int = 0, world_size: int = 1, device: str | None = None,
-                 to_tensor: bool = True):
+                 seed_each_item: bool = False, rank: int | None = None, world_size: int | None = None, device: Any = None,
+                 to_tensor: bool | str = True):
         batch_size, shuffle, drop_last, prefetch_factor, multiprocessing_context = torch_checks(
             batch_size, shuffle, sampler, batch_sampler, num_workers, drop_last, timeout, multiprocessing_context,
             prefetch_factor, persistent_workers)
         method_checks(method, num_workers, shm_size, multiprocessing_context, seed_each_item)
-        if to_tensor:  # refused now, not at the first batch; and tinygrad's CPU compiler is set up (lazyseq.cc)
-            from .tensor import prepare
-
-            prepare("DataLoader(to_tensor=True), the default, makes tinygrad Tensors", "or pass to_tensor=False "
-                    "for numpy batches")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"DataLoader: need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+        self._consumer = Consumer(to_tensor, device, pin_memory)  # a missing framework is refused now
+        rank, world_size, self.ranks_from = ranks(rank, world_size)
         self.dataset = check_source(dataset, "DataLoader")
         if length(dataset) is None:
             raise TypeError("DataLoader: the dataset needs a len() (iterable datasets: wrap them with lazyseq.uniter)")
@@ -166,9 +163,10 @@ class DataLoader:
         if self.method == "process":  # sized once, from the first sample; later epochs reuse the size
             shm = self.shm_size if self.shm_size is not None else self.shm_size_used or self._size_shm()
             ctx = self.multiprocessing_context
-        words = LoaderWords(self.to_tensor, self.num_workers, self.prefetch_factor, self.shm_size is None)
+        words = LoaderWords(self._consumer.name, self.num_workers, self.prefetch_factor, self.shm_size is None)
         return prefetch(seq, self.num_workers, self.method, self._slots(),
-                        WorkerInit(self.seed, self.rank, epoch, self.worker_init_fn, self.seed_each_item, self.method), shm,
+                        WorkerInit(self.seed, self.rank, epoch, self.worker_init_fn, self.seed_each_item, self.method,
+                                   self._data(epoch)), shm,
                         mp_context=ctx, timeout=self.timeout or None, lazy_start=True, words=words,
                         report=self._report(seq) if self.method == "process" else None)
 
@@ -225,15 +223,11 @@ class DataLoader:
         return self._tensors(seq)
 
     def _convert(self) -> Callable[[Any], Any]:
-        """What the last stage does to a batch: tinygrad Tensors on ``device`` (or nothing)."""
-        if not self.to_tensor:
-            return _same
-        from .tensor import to_tensor  # tinygrad is imported only by a loader that makes Tensors
-
-        return ToTensor(to_tensor, self.device)
+        """What the last stage does to a batch: the ``to_tensor`` framework's arrays (or nothing)."""
+        return self._consumer.stage() or _same
 
     def _tensors(self, seq: View) -> View:
-        """The last stage: batches as tinygrad Tensors on ``device`` (unless ``to_tensor=False``)."""
+        """The last stage: batches as tinygrad, torch or JAX arrays on ``device`` (numpy: as they are)."""
         convert = self._convert()
         return seq if convert is _same else smap(convert, seq)
 

@@ -81,12 +81,14 @@ class _BatchReader:
 
 
 class ToTensor:
-    def __init__(self, fn: Callable, device: str | None):
-        self.fn, self.device = fn, device
-        self.__qualname__ = "to_tensor" if device is None else f"to_tensor[{device}]"  # for repr trees
+    """The loader's last stage: ``fn(batch, device=device, **kw)`` (``to_tensor``, ``to_torch``...)."""
+
+    def __init__(self, fn: Callable, device: Any, name: str = "to_tensor", **kw: Any):
+        self.fn, self.device, self.kw = fn, device, kw
+        self.__qualname__ = name if device is None else f"{name}[{device}]"  # for repr trees
 
     def __call__(self, x: Any) -> Any:
-        return self.fn(x, device=self.device)
+        return self.fn(x, device=self.device, **self.kw)
 
 
 class Epochs(Routed):

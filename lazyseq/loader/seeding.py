@@ -126,14 +126,23 @@ class WorkerInit:
     the reader's process (threads) shares the reader's generators: they are left alone, and
     ``seed_each_item`` is refused there."""
 
-    def __init__(self, seed: int, rank: int, epoch: int, fn: Callable | None, seed_each_item: bool, method: str):
+    def __init__(self, seed: int, rank: int, epoch: int, fn: Callable | None, seed_each_item: bool, method: str,
+                 dataset: Any = None):
         self.seed, self.rank, self.epoch, self.fn = seed, rank, epoch, fn
         self.seed_each_item, self.method, self.owner = seed_each_item, method, os.getpid()
+        self.dataset = dataset  # worker_info().dataset: pickled with the pipeline, so the worker's own copy
+
+    def _words(self, worker: int) -> np.ndarray:
+        return np.random.SeedSequence([self.seed, self.rank, self.epoch, worker]).generate_state(4)
+
+    def worker_seed(self, worker: int) -> int:
+        """worker_info().seed: the 64 bits the worker's global generators start from (its first two words)."""
+        w = self._words(worker)
+        return int(w[0]) | int(w[1]) << 32
 
     def __call__(self, worker: int) -> None:
         if os.getpid() != self.owner:
-            words = np.random.SeedSequence([self.seed, self.rank, self.epoch, worker]).generate_state(4)
-            seed_globals(words)
+            seed_globals(self._words(worker))
         elif self.seed_each_item:  # a backend whose workers live in the reader's process, not in IN_PROCESS
             raise ValueError(refused(self.method))
         if self.fn is not None:

@@ -18,8 +18,8 @@ __all__ = ["LoaderWords", "Replaced", "crashed", "epoch_counters"]
 class LoaderWords(Words):
     """The prefetch's shared-memory warnings, said of a DataLoader's batches and knobs."""
 
-    def __init__(self, to_tensor: bool, num_workers: int, prefetch_factor: int, sized: bool):
-        self.to_tensor, self.num_workers, self.prefetch_factor, self.sized = to_tensor, num_workers, prefetch_factor, sized
+    def __init__(self, consumer: str, num_workers: int, prefetch_factor: int, sized: bool):
+        self.consumer, self.num_workers, self.prefetch_factor, self.sized = consumer, num_workers, prefetch_factor, sized
 
     def _slots(self, slot_size: int, shm_size: int, nslots: int) -> str:
         how = ", sized by the loader (how: stats()['shm'])," if self.sized else ""
@@ -34,9 +34,15 @@ class LoaderWords(Words):
                 + (f"Batches vary in size: pass {fix}" if self.sized else f"Pass {fix}"))
 
     def slots_held(self, slot_size: int, shm_size: int, nslots: int) -> str:
-        if self.to_tensor:
+        if self.consumer == "tinygrad":
             advice = ("keep fewer batches alive, or raise prefetch_factor (one more slot per batch kept; "
                       "and shm_size, if you give it)")
+        elif self.consumer == "torch":
+            advice = ("with to_tensor='torch' a batch's CPU tensors share its slot's memory (no copy), so keeping "
+                      "them (or views of them) keeps their slots: .clone() what you keep, or move it to the GPU")
+        elif self.consumer == "jax":
+            advice = ("with to_tensor='jax' on the CPU a batch's arrays may share its slot's memory, so keeping them "
+                      "keeps their slots: copy what you keep (jnp.array(x, copy=True))")
         else:
             advice = ("with to_tensor=False a batch's arrays are views of its slot, so keeping numpy batches "
                       "(list(loader), a list of batches) keeps their slots: copy what you keep (np.array(x) for "
