@@ -1,6 +1,7 @@
 """lazyseq.filter: the items a predicate keeps, with random access; one pass, here or in workers,
 pickled with the view; fingerprinted by the predicate's code."""
 
+import os
 import pickle
 
 import numpy as np
@@ -208,3 +209,21 @@ def test_dataloader_reads_and_resumes_exactly():
     other = ls.DataLoader(ls.filter(lambda x: x % 3 != 1, ls.smap(int, range(60))), **kw)
     with pytest.raises(ls.ResumeMismatch):
         other.load_state_dict(state)
+
+
+MAIN = os.getpid()
+
+
+def only_in_the_reader(x):
+    if os.getpid() != MAIN:
+        raise RuntimeError("pred ran in a worker")
+    return x % 2 == 0
+
+
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_prefetch_workers_receive_the_indices(ctx):
+    """Forked workers copy the pipeline without pickling it: prefetch asks its len first, so the pass
+    runs once, here, and no worker runs pred."""
+    f = ls.filter(only_in_the_reader, list(range(100)))
+    with ls.prefetch(f, 2, "process", mp_context=ctx) as p:
+        assert list(p) == list(range(0, 100, 2))
