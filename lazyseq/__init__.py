@@ -24,6 +24,7 @@ from .errors import (
     seterr,
 )
 from .evaluation import empty, empty_like, prefetch, shutdown_ray
+from .evaluation.filtering import filter  # (the builtin is not used in this module)
 from .formats.array_record import array_record
 from .formats.arrow import arrow
 from .formats.lance import lance
@@ -59,7 +60,7 @@ __all__ = [
     "Store", "StoreError", "RemoteReadError", "RemoteWriteError", "load", "save", "fingerprint", "ResumeMismatch",
     "EvaluationError", "Pad", "PrefetchClosed", "PrefetchTimeout", "View", "WorkerCrashed",
     "WorkerStartError", "add_cache", "arange", "batch", "case", "collate", "concatenate", "cycle", "empty",
-    "empty_like", "gather", "instrument", "interleave", "prefetch", "repeat", "seterr", "shard", "shuffle",
+    "empty_like", "filter", "gather", "instrument", "interleave", "prefetch", "repeat", "seterr", "shard", "shuffle",
     "smap", "split", "starmap", "switch", "take", "unbatch", "uniter",
     "Skip", "at_epoch", "block_shuffle", "chunks", "on_error",
     "SerializableFunc",

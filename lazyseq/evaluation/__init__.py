@@ -7,7 +7,7 @@ it in completion order for ``Prefetch.unordered``), which drives one backend thr
 protocol of ``backend.py``: ``threads.ThreadBackend``, ``actors.RayBackend`` (Ray actors),
 ``coroutines.AsyncBackend`` (one event loop) or ``processes.ProcessBackend`` (worker processes,
 ``worker.py``, whose results travel in shared-memory slots, ``slots.py``, as ``wire.py`` encodes
-them).
+them). ``filtering`` holds ``lazyseq.filter``, whose one pass in workers runs through ``prefetch``.
 """
 
 from .actors import shutdown as shutdown_ray

@@ -116,6 +116,9 @@ class Prefetch(View):
         settings = Settings(self.nworkers, start, self.max_buffered, self.shm_size, self.mp_context,
                             self.ray_options, self.address, self.words, self.report)
         try:
+            # what a view computes at its first len (filter's kept indices, pack's rows) is computed
+            # here, once, before forked workers copy the pipeline (each would compute its own)
+            length(self.src)
             backend = cls(self.src, settings, stats)
             with m.lock:
                 m.backend, stopped = backend, m.stopped

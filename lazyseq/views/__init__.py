@@ -1,1 +1,1 @@
-"""Lazy views, one module per family: mapping, indexing, shape, caching."""
+"""Lazy views, one module per family: mapping, indexing, filtering, shape, caching."""
