@@ -296,3 +296,20 @@ def test_unordered_on_ray_actors_yields_every_item_once_slow_one_last():
         assert sorted(pairs) == [(i, i * 10) for i in range(300)]
         assert pairs[-1] == (2, 20)  # one slow item holds up only itself
         assert p[150] == 1500  # random access goes on afterwards
+
+
+def _info_of(i):
+    info = lazyseq.worker_info()
+    return (info.id, info.num_workers, info.seed, type(info.dataset).__name__, os.getpid())
+
+
+def test_worker_info_in_ray_actors_and_in_a_loaders_worker_init_fn():
+    with lazyseq.prefetch(lazyseq.smap(_info_of, range(40)), 2, method="ray") as p:
+        got = list(p)
+    assert {g[:4] for g in got} <= {(0, 2, None, "Map"), (1, 2, None, "Map")} and len({g[4] for g in got}) >= 1
+    assert lazyseq.worker_info() is None
+    with lazyseq.DataLoader(lazyseq.smap(_info_of, range(8)), batch_size=2, num_workers=2, method="ray",
+                            to_tensor=False, seed=5) as loader:
+        rows = [tuple(r) for b in loader for r in zip(*b)]
+    assert {int(r[0]) for r in rows} <= {0, 1} and all(r[1] == 2 and 0 <= int(r[2]) < 2**63 for r in rows)
+    assert len({int(r[2]) for r in rows}) == len({int(r[0]) for r in rows})  # a seed per actor

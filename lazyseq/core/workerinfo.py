@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-__all__ = ["WorkerInfo", "WorkerStart", "worker_info"]
+__all__ = ["WorkerInfo", "WorkerStart", "set_thread", "worker_info"]
 
 
 class WorkerInfo(NamedTuple):
@@ -46,6 +46,11 @@ def worker_info() -> WorkerInfo | None:
     """
     info = getattr(_thread, "info", None)
     return info if info is not None else _process[0] if _process else None
+
+
+def set_thread(info: WorkerInfo | None) -> None:
+    """This thread works for the worker ``info`` (the async backend's pool threads, for its loop)."""
+    _thread.info = info
 
 
 class WorkerStart:

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from ..core import aio
 from ..core.base import Remap
 from ..core.node import Failed, is_node, reader
+from ..core.workerinfo import WorkerInfo, set_thread, worker_info
 from ..errors import PrefetchClosed, WorkerStartError, wrap_error
 from ..views.mapping import Map, SeededMap, item_rng
 from . import wire
@@ -38,6 +39,7 @@ class _Pool:
 
     def __init__(self, n: int, loop: asyncio.AbstractEventLoop):
         self.loop, self.q = loop, queue.SimpleQueue()
+        self.info: WorkerInfo | None = None  # the loop's worker_info(), for the reads run here
         self.threads = [threading.Thread(target=self._work, name=f"lazyseq-async-pool-{k}", daemon=True)
                         for k in range(n)]
         for t in self.threads:
@@ -50,6 +52,7 @@ class _Pool:
             if job is None:
                 return
             fut, fn, args = job
+            set_thread(self.info)
             try:
                 ok, value = True, fn(*args)
             except BaseException as e:  # an item's error, whatever it is
@@ -148,6 +151,7 @@ class AsyncBackend:
                     hook(0)
                 except BaseException as e:
                     self.start_error = e
+            self.pool.info = worker_info()
 
         self.thread = threading.Thread(target=aio.serve, args=(self.loop, ready), name="lazyseq-async", daemon=True)
         self.thread.start()

@@ -136,9 +136,10 @@ class WorkerInit:
         return np.random.SeedSequence([self.seed, self.rank, self.epoch, worker]).generate_state(4)
 
     def worker_seed(self, worker: int) -> int:
-        """worker_info().seed: the 64 bits the worker's global generators start from (its first two words)."""
+        """worker_info().seed: 63 bits of the words the worker's global generators start from (a
+        non-negative int64, so that it collates as one)."""
         w = self._words(worker)
-        return int(w[0]) | int(w[1]) << 32
+        return int(w[0]) | (int(w[1]) & 0x7FFFFFFF) << 32
 
     def __call__(self, worker: int) -> None:
         if os.getpid() != self.owner:

@@ -12,7 +12,6 @@ buffers from a pool (:class:`PinnedPool`) reused across batches once nothing use
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -42,10 +41,17 @@ class PinnedPool:
 
     def __init__(self, alloc: Callable[[int], Any] | None = None):
         self._alloc = alloc
-        self._buffers: list[list] = []  # [buffer, users (weakrefs of the tensors over it), event or None]
+        self._buffers: list[list] = []  # [buffer, its storage's use count when free, event or None]
+
+    @staticmethod
+    def _uses(buffer: Any) -> int:
+        """Tensors (views too) over the buffer's storage: a view need not keep its base's Python object."""
+        import torch
+
+        return torch._C._storage_Use_Count(buffer.untyped_storage()._cdata)
 
     def _free(self, entry: list) -> bool:
-        if any(r() is not None for r in entry[1]):
+        if self._uses(entry[0]) > entry[1]:
             return False
         return entry[2] is None or entry[2].query()
 
@@ -55,12 +61,12 @@ class PinnedPool:
         entry = next((e for e in self._buffers if e[0].numel() >= n and self._free(e)), None)
         if entry is None:
             alloc = self._alloc or (lambda k: torch.empty(k, dtype=torch.uint8, pin_memory=True))
-            entry = [alloc(max(n, 1 << 16)), [], None]
+            buffer = alloc(max(n, 1 << 16))
+            entry = [buffer, self._uses(buffer), None]
             self._buffers.append(entry)
-        entry[1], entry[2] = [], None
+        entry[2] = None
         t = entry[0][: a.nbytes].view(_torch_dtype(a.dtype, torch)).view(a.shape)
         t.copy_(_from_numpy(a, torch))
-        entry[1].append(weakref.ref(t))
         return t, entry
 
     def __len__(self) -> int:
