@@ -142,26 +142,52 @@ def test_a_missing_framework_is_refused_when_the_loader_is_built(monkeypatch):
 
 
 # -- to_jax ---------------------------------------------------------------------------------------------
+_DTYPES = r"""
+import collections, doctest, json, numpy as np, ml_dtypes, jax, lazyseq
+from lazyseq.loader import tojax
+Pair = collections.namedtuple("Pair", "x y")
+out = lazyseq.to_jax(Pair({"a": np.ones((2, 2), np.float16), "b": np.array([1, 2], np.uint8), "s": "k"},
+                          [np.array([1.0], ml_dtypes.bfloat16), np.float64(2.5), 3, None]))
+doc = tojax.to_jax.__doc__.replace("# doctest: +SKIP", "")
+failed = doctest.DocTestRunner().run(doctest.DocTestParser().get_doctest(doc, {}, "to_jax", None, 0)).failed
+print(json.dumps({"pair": type(out).__name__, "s": out.x["s"], "none": out.y[3] is None,
+                  "dtypes": [str(out.x["a"].dtype), str(out.x["b"].dtype), str(out.y[0].dtype), str(out.y[1].dtype)],
+                  "values": [float(out.y[1]), int(out.y[2])], "array": isinstance(out.x["a"], jax.Array),
+                  "device": str(list(out.x["a"].devices())[0]), "x64": bool(jax.config.jax_enable_x64),
+                  "doctest_failed": failed}))
+"""
+
+
+def _run_jax(script, devices=1):
+    """JAX's runtime, once started, makes later forks of this process risky: its tests run apart."""
+    pytest.importorskip("jax")
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 def test_to_jax_keeps_dtypes_jax_has_and_structures():
-    jax = pytest.importorskip("jax")
-    out = lazyseq.to_jax(Pair({"a": np.ones((2, 2), np.float16), "b": np.array([1, 2], np.uint8), "s": "k"},
-                              [np.array([1.0], ml_dtypes.bfloat16), np.float64(2.5), 3, None]))
-    assert type(out) is Pair and out.x["s"] == "k" and out.y[3] is None
-    assert out.x["a"].dtype == np.float16 and out.x["b"].dtype == np.uint8 and out.y[0].dtype == ml_dtypes.bfloat16
-    assert isinstance(out.x["a"], jax.Array) and out.x["a"].devices() == {jax.local_devices()[0]}
-    want = np.float64 if jax.config.jax_enable_x64 else np.float32  # without x64, the documented cast
-    assert out.y[1].dtype == want and float(out.y[1]) == 2.5 and int(out.y[2]) == 3
+    out = _run_jax(_DTYPES)
+    assert out["pair"] == "Pair" and out["s"] == "k" and out["none"] and out["array"] and out["device"].endswith("0")
+    assert out["dtypes"][:3] == ["float16", "uint8", "bfloat16"]
+    assert out["dtypes"][3] == ("float64" if out["x64"] else "float32")  # without x64, the documented cast
+    assert out["values"] == [2.5, 3] and out["doctest_failed"] == 0
 
 
 _SHARDED = r"""
 import json, warnings, numpy as np, jax, lazyseq
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+warnings.filterwarnings("error", message="os.fork")  # JAX's runtime runs here: workers must not be forked from it
 mesh = Mesh(np.array(jax.devices()), ("data",))
 data = [(np.full((3, 4), i, np.float32), np.int32(i)) for i in range(24)]
 out = {}
 with lazyseq.DataLoader(data, batch_size=8, num_workers=2, drop_last=True, to_tensor="jax",
                         device=NamedSharding(mesh, P("data")), seed=1) as loader:
-    batches = list(loader)
+    batches = []
+    for b in loader:
+        batches.append(b)
+        out["start"] = next(iter(loader._open)).mp_context.get_start_method()
 x, y = batches[0]
 out["n_devices"] = len(jax.devices())
 out["shards"] = [list(s.data.shape) for s in x.addressable_shards]
@@ -177,11 +203,8 @@ print(json.dumps(out))
 
 
 def test_jax_batches_split_over_two_host_devices():
-    pytest.importorskip("jax")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
-    run = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    out = _run_jax(_SHARDED, devices=2)
+    assert out["start"] == "forkserver"  # JAX's runtime started in the reader: its workers are not forked from it
     assert out["n_devices"] == 2 and out["devices"] == 2 and out["shards"] == [[4, 3, 4], [4, 3, 4]]
     assert out["labels"] == list(range(24)) and out["rows_match"]
     assert "split on their first axis over the sharding's 2 devices" in out["indivisible"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -285,11 +286,18 @@ class Prefetch(View):
         return f"prefetch({self.nworkers} {what}, max_buffered={self.max_buffered}{shm})"
 
 
+def _jax_running() -> bool:
+    """Whether JAX started its runtime (XLA's threads) in this process: a fork of it may deadlock,
+    as JAX warns at every fork (``DataLoader(to_tensor='jax')`` starts it before its workers)."""
+    xb = sys.modules.get("jax._src.xla_bridge")
+    return bool(getattr(xb, "_backends", None))
+
+
 def _start_method(seq: Any) -> str | None:
     """The default start method, unless it is ``fork`` and the pipeline holds a view a forked child
-    cannot read (:func:`~lazyseq.core.node.fork_unsafe`): then ``forkserver`` (or ``spawn``), whose
-    workers open their own files, as such a view's do."""
-    if multiprocessing.get_context().get_start_method() != "fork" or fork_unsafe(seq) is None:
+    cannot read (:func:`~lazyseq.core.node.fork_unsafe`), or JAX runs here: then ``forkserver``
+    (or ``spawn``), whose workers open their own files, as such a view's do."""
+    if multiprocessing.get_context().get_start_method() != "fork" or (fork_unsafe(seq) is None and not _jax_running()):
         return None
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 

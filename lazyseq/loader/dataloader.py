@@ -39,7 +39,8 @@ def _same(x: Any) -> Any:
 
 
 class DataLoader:
-    """PyTorch's ``DataLoader``, composed from lazyseq views; batches arrive as tinygrad Tensors.
+    """PyTorch's ``DataLoader``, composed from lazyseq views; batches arrive as tinygrad Tensors,
+    torch tensors, JAX arrays or numpy arrays (``to_tensor``).
 
     ``dataset`` is any sequence: a view, a list, a numpy array, an object with ``__getitem__`` and
     ``__len__``. The loader builds ``order -> shard -> batch(collate) -> prefetch -> to_tensor``
@@ -55,12 +56,22 @@ class DataLoader:
       is imported) from ``(seed, epoch, i)`` before reading ``dataset[i]``, so item ``i`` draws the
       same numbers with any number of workers, and after a resume.
     - ``rank``, ``world_size``: this process's part of every epoch (disjoint parts of the same
-      permutation; ``drop_last=True`` makes them equal in length).
-    - ``device``, ``to_tensor``: where tinygrad Tensors go; ``to_tensor=False`` yields numpy.
+      permutation; ``drop_last=True`` makes them equal in length). ``None``: from
+      ``torch.distributed`` when initialised, else ``RANK``/``WORLD_SIZE`` or
+      ``SLURM_PROCID``/``SLURM_NTASKS``, else 0 and 1 (``loader.ranks_from`` says which).
+    - ``to_tensor``: ``True``/``'tinygrad'`` (:func:`lazyseq.to_tensor`), ``'torch'``
+      (:func:`lazyseq.to_torch`: CPU tensors over the shared-memory slots, no copy), ``'jax'``
+      (:func:`lazyseq.to_jax`), ``False``/``'numpy'``; a framework not installed is an
+      ImportError here. ``device``: where they go (a jax Device or Sharding for ``'jax'``).
+    - ``pin_memory``: with ``'torch'`` and CUDA, batches are copied into reused pinned buffers
+      (without CUDA: ignored, one RuntimeWarning); other frameworks ignore it.
+    - ``in_order=False``: batches in the order they complete (each still the planned batch).
 
-    ``pin_memory`` is accepted and ignored (tinygrad copies to the device itself). A custom
-    ``sampler`` or ``batch_sampler`` is iterated in the reader once per epoch; with one, workers
-    restart every epoch even with ``persistent_workers`` (their order cannot be rebuilt in them).
+    Iteration follows PyTorch's rules (:mod:`lazyseq.loader.iteration`): each ``iter(loader)``
+    is an epoch from its first batch, one left early makes the next ``iter`` the next epoch, and
+    a newer ``iter`` ends a live one. A custom ``sampler`` or ``batch_sampler`` is iterated in
+    the reader once per epoch; with one, workers restart every epoch even with
+    ``persistent_workers`` (their order cannot be rebuilt in them).
 
     >>> import lazyseq, numpy as np
     >>> data = [(np.full(3, i, np.float32), i % 2) for i in range(10)]

@@ -65,9 +65,14 @@ def to_jax(x: Any, device: Any = None, sharding: Any = None) -> Any:
       (float64 -> float32, int64 -> int32, uint64 -> uint32, complex128 -> complex64). Python
       numbers become 0-d arrays of numpy's defaults (int64, float64, bool), cast the same way.
 
+    A process that runs JAX's runtime forks badly (XLA's threads; JAX warns at every fork), so
+    process workers started after it use ``forkserver`` by default: a script then needs its
+    ``if __name__ == "__main__":`` guard. (This example starts JAX, so the test suite runs it in
+    a process of its own: ``tests/test_frameworks.py``.)
+
     >>> import lazyseq, numpy as np
-    >>> out = lazyseq.to_jax({"x": np.ones((2, 3), np.float32), "y": np.array([1, 0], np.int8), "id": "a"})
-    >>> out["x"].dtype, out["x"].shape, out["y"].tolist(), out["id"]
+    >>> out = lazyseq.to_jax({"x": np.ones((2, 3), np.float32), "y": np.array([1, 0], np.int8), "id": "a"})  # doctest: +SKIP
+    >>> out["x"].dtype, out["x"].shape, out["y"].tolist(), out["id"]  # doctest: +SKIP
     (dtype('float32'), (2, 3), [1, 0], 'a')
     """
     jax = need_jax("lazyseq.to_jax")
