@@ -55,10 +55,15 @@ class DataLoader:
       is imported) from ``(seed, epoch, i)`` before reading ``dataset[i]``, so item ``i`` draws the
       same numbers with any number of workers, and after a resume.
     - ``rank``, ``world_size``: this process's part of every epoch (disjoint parts of the same
-      permutation; ``drop_last=True`` makes them equal in length).
-    - ``device``, ``to_tensor``: where tinygrad Tensors go; ``to_tensor=False`` yields numpy.
+      permutation; ``drop_last=True`` makes them equal in length); ``None``: from
+      ``torch.distributed`` when initialised, else ``RANK``/``WORLD_SIZE`` or
+      ``SLURM_PROCID``/``SLURM_NTASKS``, else 0 of 1 (``loader.ranks_from`` says which).
+    - ``to_tensor``: ``True``/``'tinygrad'`` (tinygrad Tensors), ``'torch'`` (:func:`lazyseq.to_torch`:
+      CPU tensors over the shared memory, no copy), ``'jax'`` (:func:`lazyseq.to_jax`), ``False``/``'numpy'``;
+      ``device``: where they go (a tinygrad or torch device, a jax Device or Sharding).
 
-    ``pin_memory`` is accepted and ignored (tinygrad copies to the device itself). A custom
+    ``pin_memory`` pins torch batches (``to_tensor='torch'``) where CUDA is available, into a pool of
+    buffers reused across batches; otherwise it does nothing (without CUDA: a warning, once). A custom
     ``sampler`` or ``batch_sampler`` is iterated in the reader once per epoch; with one, workers
     restart every epoch even with ``persistent_workers`` (their order cannot be rebuilt in them).
 
