@@ -25,6 +25,11 @@ start-up included) and in the steady state (from the second batch to the last); 
 each, the loaders alternating round by round. CPU: the reader's and the workers' CPU time per image
 over the whole epoch (workers are counted once they have exited and been joined). seqtools, torch,
 tinygrad and Pillow are optional: a missing one skips its loader (or the bench) with a message.
+
+With torch installed, the bench then runs the same epochs delivered as torch tensors (lazyseq's
+``to_tensor='torch'`` against torch's DataLoader, no tinygrad on either side) and times one 28 MB
+batch's conversion to torch (``lazyseq.to_torch``, zero copy, against copying routes):
+:mod:`lazyseq.bench.torchrows`; its results are the ``torch_rows`` key of the JSON.
 """
 
 from __future__ import annotations
@@ -326,7 +331,7 @@ def run(quick: bool = False) -> dict:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     res["cores"] = cores
     folder = tempfile.mkdtemp(prefix="lazyseq-bench-images-")
-    undo_pickling = None
+    undo_pickling, torch_rows = None, None
     try:
         t = time.perf_counter()
         ds = ImageDataset(write_images(folder, n))
@@ -356,6 +361,13 @@ def run(quick: bool = False) -> dict:
         for _ in range(rounds):  # alternate the loaders round by round
             for name, open_ in loaders.items():
                 runs[name].append(epoch(open_, n))
+        if undo_pickling is not None:  # torch's own pickling again for the torch rows
+            undo_pickling()
+            undo_pickling = None
+        if "torch" in peers:
+            from . import torchrows
+
+            torch_rows = torchrows.run_rows(ds, n, rounds, quick)
     finally:
         if undo_pickling is not None:
             undo_pickling()
@@ -381,6 +393,11 @@ def run(quick: bool = False) -> dict:
     where = where_time(best["lazyseq"])
     if where:
         print(where)
+    if torch_rows is not None:
+        from . import torchrows
+
+        torchrows.show(torch_rows)
+        res["torch_rows"] = torch_rows
     return {**res, "rounds": rounds, "images_per_epoch": imgs, "images_per_s": rate, "steady_images_per_s": steady,
             "ratio": {k: rate["lazyseq"] / v for k, v in rate.items()},
             "steady_ratio": {k: steady["lazyseq"] / v for k, v in steady.items()},
