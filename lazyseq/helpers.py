@@ -6,6 +6,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 ALIGN = 64  # bytes: a cache line; buffers in shared memory start on one, and tinygrad's CPU kernels load aligned
 PAGE = 4096  # bytes: a memory page; a slot pool's header, and the size below which bytes travel in the pickle
@@ -85,3 +86,14 @@ def warn(message: str, category: type[Warning] = RuntimeWarning) -> None:
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
+
+
+def need(module: str, what: str, name: str, install: str) -> Any:
+    """``import module`` for an optional framework, or ImportError saying that ``what`` needs
+    ``name`` and how to install it (``install``)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"{what} needs {name}, which is not installed: {install}") from e

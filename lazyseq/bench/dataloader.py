@@ -211,7 +211,11 @@ def open_lazyseq(ds: ImageDataset) -> Callable[[], Opened]:
     return open_
 
 
-def open_torch(ds: ImageDataset) -> Callable[[], Opened]:
+def open_torch(ds: ImageDataset, convert: Callable | None = None) -> Callable[[], Opened]:
+    """torch's DataLoader; its batches turned into tinygrad Tensors by ``convert`` (default) or
+    left torch tensors (``convert=False``: the torch rows)."""
+    convert = torch_to_tinygrad if convert is None else convert or None
+
     def open_() -> Opened:
         from torch.utils.data import DataLoader
 
@@ -226,7 +230,7 @@ def open_torch(ds: ImageDataset) -> Callable[[], Opened]:
             gc.collect()
             return {}
 
-        return it, torch_to_tinygrad, close
+        return it, convert, close
 
     return open_
 

@@ -22,7 +22,6 @@ the numpy memory pays per batch).
 
 from __future__ import annotations
 
-import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -48,25 +47,6 @@ def open_lazyseq_torch(ds: dl.ImageDataset) -> Callable[[], dl.Opened]:
             return {"prefetch": (loader.stats().get("last_epoch") or {}).get("prefetch")}
 
         return iter(loader), None, close
-
-    return open_
-
-
-def open_torch_plain(ds: dl.ImageDataset) -> Callable[[], dl.Opened]:
-    def open_() -> dl.Opened:
-        from torch.utils.data import DataLoader
-
-        box = [iter(DataLoader(ds, batch_size=dl.BATCH, shuffle=True, num_workers=dl.NWORKERS, drop_last=True,
-                               multiprocessing_context="fork"))]
-
-        def close() -> dict:
-            shutdown = getattr(box.pop(), "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
-            gc.collect()
-            return {}
-
-        return box[0], None, close
 
     return open_
 
@@ -118,7 +98,7 @@ def slots_used(r: dict) -> dict | None:
 
 def loaders(ds: dl.ImageDataset, n: int, rounds: int) -> dict:
     """(a): images/s of torch batches, lazyseq to_tensor='torch' against torch's DataLoader."""
-    opened = {ROWS[0]: open_lazyseq_torch(ds), ROWS[1]: open_torch_plain(ds)}
+    opened = {ROWS[0]: open_lazyseq_torch(ds), ROWS[1]: dl.open_torch(ds, convert=False)}
     runs: dict[str, list[dict]] = {name: [] for name in opened}
     for _ in range(rounds):
         for name, open_ in opened.items():

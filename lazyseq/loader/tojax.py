@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..core import tree
+from ..helpers import need
 from .batching import HostInt
 
 __all__ = ["to_jax"]
@@ -20,11 +21,7 @@ _INSTALL = "pip install 'lazyseq[jax]' (jax, with its CPU backend; see JAX's ins
 
 def need_jax(what: str) -> Any:
     """``import jax``, or ImportError saying that ``what`` needs it and how to install it."""
-    try:
-        import jax
-    except ImportError as e:
-        raise ImportError(f"{what} needs JAX, which is not installed: {_INSTALL}") from e
-    return jax
+    return need("jax", what, "JAX", _INSTALL)
 
 
 def _placement(jax: Any, device: Any, sharding: Any) -> tuple[Any, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..core import tree
+from ..helpers import need
 from .batching import HostInt
 
 __all__ = ["PinnedPool", "to_torch"]
@@ -27,11 +28,7 @@ _INSTALL = "pip install 'lazyseq[torch]' (torch==2.13.0 is the CPU wheel the tes
 
 def need_torch(what: str) -> Any:
     """``import torch``, or ImportError saying that ``what`` needs it and how to install it."""
-    try:
-        import torch
-    except ImportError as e:
-        raise ImportError(f"{what} needs PyTorch, which is not installed: {_INSTALL}") from e
-    return torch
+    return need("torch", what, "PyTorch", _INSTALL)
 
 
 class PinnedPool:
@@ -175,5 +172,5 @@ def pin_checked(pin_memory: bool, device: Any, torch: Any, warned: list) -> bool
         warned.append(True)
         warnings.warn("DataLoader(pin_memory=True): CUDA is not available, so batches are not pinned (pinned "
                       "memory only speeds up copies to a CUDA device); pass pin_memory=False to silence this",
-                      RuntimeWarning, stacklevel=3)
+                      RuntimeWarning, stacklevel=4)  # the DataLoader(...) call
     return False
