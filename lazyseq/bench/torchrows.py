@@ -31,15 +31,15 @@ import numpy as np
 
 import lazyseq
 
-from . import dataloader as dl
+from . import images
 
 CONVERT_SHAPE = (64, 3, 192, 192)  # float32: 28.3 MB, one batch of the bench's crops
 ROWS = ("lazyseq to_tensor='torch'", "torch")
 
 
-def open_lazyseq_torch(ds: dl.ImageDataset) -> Callable[[], dl.Opened]:
-    def open_() -> dl.Opened:
-        loader = lazyseq.DataLoader(ds, batch_size=dl.BATCH, shuffle=True, num_workers=dl.NWORKERS, drop_last=True,
+def open_lazyseq_torch(ds: images.ImageDataset) -> Callable[[], images.Opened]:
+    def open_() -> images.Opened:
+        loader = lazyseq.DataLoader(ds, batch_size=images.BATCH, shuffle=True, num_workers=images.NWORKERS, drop_last=True,
                                     seed=0, multiprocessing_context="fork", to_tensor="torch")
 
         def close() -> dict:
@@ -51,11 +51,11 @@ def open_lazyseq_torch(ds: dl.ImageDataset) -> Callable[[], dl.Opened]:
     return open_
 
 
-def epoch(open_: Callable[[], dl.Opened], n_images: int) -> dict:
+def epoch(open_: Callable[[], images.Opened], n_images: int) -> dict:
     """One epoch of torch batches: each is checked (type, shape, dtype) and dropped, its labels kept."""
     import torch
 
-    cpu = dl.cpu_seconds()
+    cpu = images.cpu_seconds()
     t0 = time.perf_counter()
     it, _, close = open_()
     labels: list[np.ndarray] = []
@@ -64,7 +64,7 @@ def epoch(open_: Callable[[], dl.Opened], n_images: int) -> dict:
         for k, (x, y) in enumerate(it):
             if k == 1:
                 t1 = time.perf_counter()
-            if not isinstance(x, torch.Tensor) or tuple(x.shape) != (dl.BATCH, 3, dl.CROP, dl.CROP) \
+            if not isinstance(x, torch.Tensor) or tuple(x.shape) != (images.BATCH, 3, images.CROP, images.CROP) \
                     or x.dtype != torch.float32:
                 raise AssertionError(f"images arrived as {type(x).__name__} {getattr(x, 'shape', None)}")
             if mean is None:
@@ -75,15 +75,15 @@ def epoch(open_: Callable[[], dl.Opened], n_images: int) -> dict:
     finally:
         it = None
         stats = close()
-    dl.no_children("its epoch")
-    cpu = dl.cpu_seconds() - cpu
+    images.no_children("its epoch")
+    cpu = images.cpu_seconds() - cpu
     seen = np.concatenate(labels)
     nb = len(labels)
-    if nb != n_images // dl.BATCH or len(set(seen.tolist())) != nb * dl.BATCH:
+    if nb != n_images // images.BATCH or len(set(seen.tolist())) != nb * images.BATCH:
         raise AssertionError(f"{nb} batches with labels {seen}: not distinct images of the epoch")
     if not -2.5 < mean < 2.5:
         raise AssertionError(f"normalised images have mean {mean}")
-    return {"seconds": t2 - t0, "steady_seconds": t2 - t1, "batches": nb, "images": nb * dl.BATCH,
+    return {"seconds": t2 - t0, "steady_seconds": t2 - t1, "batches": nb, "images": nb * images.BATCH,
             "cpu_seconds": cpu, "stats": stats}
 
 
@@ -96,15 +96,15 @@ def slots_used(r: dict) -> dict | None:
             "all_through_slots": p["fallbacks"] == 0}
 
 
-def loaders(ds: dl.ImageDataset, n: int, rounds: int) -> dict:
+def loaders(ds: images.ImageDataset, n: int, rounds: int) -> dict:
     """(a): images/s of torch batches, lazyseq to_tensor='torch' against torch's DataLoader."""
-    opened = {ROWS[0]: open_lazyseq_torch(ds), ROWS[1]: dl.open_torch(ds, convert=False)}
+    opened = {ROWS[0]: open_lazyseq_torch(ds), ROWS[1]: images.open_torch(ds, convert=False)}
     runs: dict[str, list[dict]] = {name: [] for name in opened}
     for _ in range(rounds):
         for name, open_ in opened.items():
             runs[name].append(epoch(open_, n))
     rate = {k: max(r["images"] / r["seconds"] for r in v) for k, v in runs.items()}
-    steady = {k: max((r["images"] - dl.BATCH) / r["steady_seconds"] for r in v) for k, v in runs.items()}
+    steady = {k: max((r["images"] - images.BATCH) / r["steady_seconds"] for r in v) for k, v in runs.items()}
     cpu_ms = {k: min(r["cpu_seconds"] / r["images"] for r in v) * 1e3 for k, v in runs.items()}
     slots = [s for s in (slots_used(r) for r in runs[ROWS[0]]) if s is not None]
     through = {"fallbacks": sum(s["fallbacks"] for s in slots), "bytes_shm": sum(s["bytes_shm"] for s in slots),
@@ -141,7 +141,7 @@ def convert(quick: bool) -> dict:
     return {"shape": list(CONVERT_SHAPE), "dtype": "float32", "megabytes": mb, "calls": calls, "median_ms": med}
 
 
-def run_rows(ds: dl.ImageDataset, n: int, rounds: int, quick: bool) -> dict:
+def run_rows(ds: images.ImageDataset, n: int, rounds: int, quick: bool) -> dict:
     """Both parts, for ``bench dataloader`` (torch is installed: the caller checked); :func:`show` prints them."""
     return {"torch_batches": loaders(ds, n, rounds), "to_torch_convert": convert(quick)}
 
