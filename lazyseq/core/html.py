@@ -353,6 +353,16 @@ def _position(loader: Any) -> str:
     return f"next: epoch {epoch}" + (f", batch {batch}" if batch else "")
 
 
+def _starved(loader: Any) -> str:
+    """After an epoch: how much of it the caller spent waiting for batches, and the loader's hint."""
+    last = loader.__dict__.get("_last") or {}
+    if "starved" not in last:
+        return ""
+    hint = f" ({last['hint']})" if last.get("hint") else ""
+    return (f"\n  last epoch {last['epoch']}: starved {last['starved']:.0%} (waited {last['wait_s']:.2f} s of "
+            f"{last['wall_s']:.2f} s){hint}")
+
+
 def _loader_len(loader: Any) -> str:
     try:
         return f"len={len(loader)}  "
@@ -385,7 +395,7 @@ def loader_repr(loader: Any) -> str:
     """
     try:
         head = _wrap(_settings(loader), "DataLoader(", " " * 11)
-        head.append(f"  {_loader_len(loader)}{_position(loader)}")
+        head.append(f"  {_loader_len(loader)}{_position(loader)}{_starved(loader)}")
         sub = _tree(loader.__dict__.get("dataset"), 0)
         return "\n".join(head + ["└─ " + sub[0]] + ["   " + s for s in sub[1:]])
     except Exception as e:  # a repr never raises

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import operator
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -24,12 +25,12 @@ from ..views.order import shard
 from .batching import buffer_bytes, default_collate
 from .checks import method_checks, order_checks, seed_from, torch_checks
 from .consumers import Consumer
-from .iteration import LoaderIter, read_epoch
+from .iteration import Clock, LoaderIter, read_epoch
 from .plan import Epochs, Plan
 from .ranks import ranks
 from .seeding import SeedEachItem, WorkerInit
 from .state import check_resume, delivered, recorded
-from .words import LoaderWords, Replaced, epoch_counters
+from .words import LoaderWords, Replaced, epoch_counters, starved_hint
 
 __all__ = ["DataLoader", "default_collate"]
 
@@ -255,8 +256,8 @@ class DataLoader:
         self._end_live("a newer iteration of this DataLoader started (iter(loader) was called again)")
         epoch, start, first = self._where()
         self.epoch, self._start, self._batch = epoch, start, first
-        it = LoaderIter(read_epoch(self, epoch, start, first, self._skip), epoch, self._batches(start) - first
-                        - len(self._skip))
+        it = LoaderIter(read_epoch(self, epoch, start, first, self._skip, time.perf_counter()), epoch,
+                        self._batches(start) - first - len(self._skip))
         self._live = weakref.ref(it)
         return it
 
@@ -280,12 +281,17 @@ class DataLoader:
         return stats, self._replaced(root)
 
     def _epoch_ended(self, epoch: int, read: int, finished: bool, live: Prefetch | None, root: Any,
-                     before: tuple[dict | None, int | dict | None]) -> None:
-        """Keep what stats() says of this epoch: its counters (the change over it, for persistent workers)."""
+                     before: tuple[dict | None, int | dict | None], clock: Clock) -> None:
+        """Keep what stats() says of this epoch: its counters (the change over it, for persistent
+        workers), and how long the caller waited in ``next()`` (``wait_s``, ``starved``, ``hint``)."""
         stats, replaced = self._counters(live, root)
         last: dict = {"epoch": epoch, "batches": read, "finished": finished}
+        if read:
+            last.update(wait_s=clock.wait, wall_s=clock.wall, starved=min(1.0, clock.wait / clock.wall) if clock.wall else 0.0)
         if stats is not None:
             last["prefetch"] = epoch_counters(stats, before[0])
+        if read:
+            last["hint"] = starved_hint(last, self.num_workers if live is not None else 0)
         if isinstance(replaced, dict):  # persistent workers: what the batches of this epoch replaced
             last["skipped"] = replaced.get(epoch, 0)
         elif replaced is not None:
@@ -365,7 +371,10 @@ class DataLoader:
         the ``batches`` read, whether it ``finished``, its ``prefetch`` counters (for persistent
         workers, their change over the epoch) and ``skipped``: the items that ``on_error`` views
         in the dataset replaced, summed over the workers (not counted with ``method='ray'``); for
-        persistent workers, in the batches of that epoch they computed, whenever they did."""
+        persistent workers, in the batches of that epoch they computed, whenever they did; and
+        ``wait_s``, the seconds the caller spent inside ``next()`` waiting for batches, ``starved``,
+        that over the epoch's wall time (``wall_s``: from ``iter()`` to the last batch delivered;
+        0: the loader was always ahead), with a ``hint`` of what limited it when above 0.1."""
         shm = self.shm_size if self.shm_size is not None else self.shm_size_used
         out: dict = {"epoch": self.epoch, "batch": self._batch, "shm": self._shm_note, "shm_size": shm}
         if self.num_workers and self.method == "process":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,7 +28,7 @@ from ..errors import WorkerCrashed
 from ..evaluation import Prefetch
 from .words import crashed
 
-__all__ = ["LoaderIter", "read_epoch"]
+__all__ = ["Clock", "LoaderIter", "read_epoch"]
 
 
 class LoaderIter:
@@ -89,6 +90,25 @@ class Interrupts:
         self._set = False  # still chained if another was set over it: it goes on calling the one before
 
 
+class Clock:
+    """An iteration's time inside ``next()``: from ``iter()`` (``began``) to the first batch, then
+    from each ``next()`` call to its batch; ``wall``: from ``iter()`` to the last batch delivered."""
+
+    def __init__(self, began: float):  # made at the first next(): the time before it is the caller's
+        self.began, self.wait, self.last, self._asked = began, 0.0, began, time.perf_counter()
+
+    def asked(self) -> None:
+        self._asked = time.perf_counter()
+
+    def delivered(self) -> None:
+        self.last = time.perf_counter()
+        self.wait += self.last - self._asked
+
+    @property
+    def wall(self) -> float:
+        return self.last - self.began
+
+
 def _mark(loader: Any, b: int) -> None:
     """Batch ``b`` of the part delivered: the position moves past every batch delivered without a gap."""
     if b == loader._batch:
@@ -117,10 +137,12 @@ def _completed(p: Prefetch, off: int, first: int, nb: int, skip: set[int], conve
         it.close()  # cancels the work left, so the prefetch serves p[i] again
 
 
-def read_epoch(loader: Any, epoch: int, start: int, first: int, skip: set[int]) -> Iterator:
+def read_epoch(loader: Any, epoch: int, start: int, first: int, skip: set[int], began: float) -> Iterator:
     """The body of one iteration: this rank's batches of ``epoch`` from item ``start`` of its global
     order, from batch ``first`` on (those in ``skip`` already delivered), moving the loader's
-    position as they are delivered (see the module's rules)."""
+    position as they are delivered (see the module's rules). ``began``: when ``iter()`` was called;
+    ``clock`` counts from there the time the caller spent inside ``next()`` (the epoch's starvation)."""
+    clock = Clock(began)
     order = None
     if loader._custom_order():
         bs = loader.batch_sampler
@@ -152,7 +174,9 @@ def read_epoch(loader: Any, epoch: int, start: int, first: int, skip: set[int]) 
             _mark(loader, b)
             delivered += 1
             interrupts.came = False
+            clock.delivered()
             yield item
+            clock.asked()
             del item
         finished = True
     except GeneratorExit:  # dropped, closed or ended early: the next iteration is the next epoch
@@ -169,7 +193,7 @@ def read_epoch(loader: Any, epoch: int, start: int, first: int, skip: set[int]) 
         if finished is not False:
             loader.epoch, loader._start, loader._batch = epoch + 1, 0, 0
             loader._skip.clear()
-        loader._epoch_ended(epoch, delivered, bool(finished), p, root, before)
+        loader._epoch_ended(epoch, delivered, bool(finished), p, root, before, clock)
         if own is not None and own in loader._open:
             loader._open.discard(own)
             own.close()

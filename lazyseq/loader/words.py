@@ -12,7 +12,7 @@ from ..errors import WorkerCrashed
 from ..evaluation.backend import Words
 from ..helpers import align
 
-__all__ = ["LoaderWords", "Replaced", "crashed", "epoch_counters"]
+__all__ = ["LoaderWords", "Replaced", "crashed", "epoch_counters", "starved_hint"]
 
 
 class LoaderWords(Words):
@@ -134,3 +134,27 @@ def epoch_counters(after: dict, before: dict | None) -> dict:
         return after
     return {k: v - before[k] if k not in _GAUGES and k in before and type(v) in (int, float) else v
             for k, v in after.items()}
+
+
+# -- starvation --------------------------------------------------------------------------------------
+STARVED = 0.1  # above this fraction of an epoch spent waiting in next(), the loader says why
+
+
+def starved_hint(last: dict, nworkers: int) -> str | None:
+    """What limited an epoch whose caller waited in ``next()`` more than a tenth of its wall time,
+    from its workers' busy time (``last['prefetch']``); None when the loader kept ahead.
+
+    >>> starved_hint({"starved": 0.5, "wall_s": 2.0, "prefetch": {"busy_seconds": 3.9}}, 2)
+    'the workers were busy 98% of the time: more workers or a cheaper pipeline would help'
+    >>> starved_hint({"starved": 0.5, "wall_s": 2.0, "prefetch": {"busy_seconds": 1.6}}, 2)
+    'workers idle 60%: the reader or the batch conversion is the limit'
+    """
+    if last.get("starved", 0.0) <= STARVED:
+        return None
+    busy = (last.get("prefetch") or {}).get("busy_seconds")
+    if not nworkers or busy is None or not last.get("wall_s"):
+        return "no workers computed ahead: the caller waited for each batch to be computed (num_workers > 0 would help)"
+    share = min(1.0, busy / (nworkers * last["wall_s"]))
+    if share >= 0.8:
+        return f"the workers were busy {share:.0%} of the time: more workers or a cheaper pipeline would help"
+    return f"workers idle {1 - share:.0%}: the reader or the batch conversion is the limit"
