@@ -137,31 +137,36 @@ def _completed(p: Prefetch, off: int, first: int, nb: int, skip: set[int], conve
         it.close()  # cancels the work left, so the prefetch serves p[i] again
 
 
-def read_epoch(loader: Any, epoch: int, start: int, first: int, skip: set[int], began: float) -> Iterator:
-    """The body of one iteration: this rank's batches of ``epoch`` from item ``start`` of its global
-    order, from batch ``first`` on (those in ``skip`` already delivered), moving the loader's
-    position as they are delivered (see the module's rules). ``began``: when ``iter()`` was called;
-    ``clock`` counts from there the time the caller spent inside ``next()`` (the epoch's starvation)."""
-    clock = Clock(began)
+def _source(loader: Any, epoch: int, start: int) -> tuple[Any, Any, Prefetch | None, int, Prefetch | None]:
+    """``(batches, what reads them, the prefetch, where they start in it, this iteration's own
+    prefetch)``: the plan's batches read in the reader (no workers), by the persistent workers
+    (from their offset), or by workers of this iteration's own, stopped when it ends."""
     order = None
     if loader._custom_order():
         bs = loader.batch_sampler
         order = [list(b) for b in bs] if bs is not None else list(loader.sampler)
     plan = loader._plan()
     batches = plan(epoch, order, start)
-    nb = len(batches)
-    own: Prefetch | None = None  # this iteration's workers, stopped when it ends
-    p, off = None, 0
     if loader.num_workers == 0:
-        seq: Any = batches
-    elif loader.persistent_workers and not loader._custom_order():
-        p, off = loader._persistent_part(plan, epoch, start, nb)
-        seq = p[off : off + nb]
-    else:
-        if loader.persistent_workers:
-            loader._warn_custom_order()
-        seq = p = own = loader._prefetch(batches, epoch)
-        loader._open.add(own)
+        return batches, batches, None, 0, None
+    if loader.persistent_workers and not loader._custom_order():
+        p, off = loader._persistent_part(plan, epoch, start, len(batches))
+        return batches, p[off : off + len(batches)], p, off, None
+    if loader.persistent_workers:
+        loader._warn_custom_order()
+    own = loader._prefetch(batches, epoch)
+    loader._open.add(own)
+    return batches, own, own, 0, own
+
+
+def read_epoch(loader: Any, epoch: int, start: int, first: int, skip: set[int], began: float) -> Iterator:
+    """The body of one iteration: this rank's batches of ``epoch`` from item ``start`` of its global
+    order, from batch ``first`` on (those in ``skip`` already delivered), moving the loader's
+    position as they are delivered (see the module's rules). ``began``: when ``iter()`` was called;
+    ``clock`` counts from there the time the caller spent inside ``next()`` (the epoch's starvation)."""
+    clock = Clock(began)
+    batches, seq, p, off, own = _source(loader, epoch, start)
+    nb = len(batches)
     root = batches if loader.num_workers == 0 or own is not None else loader._epochs  # where on_error views count
     before, finished, delivered = loader._counters(p, root), False, 0
     if p is not None and not loader.in_order:
